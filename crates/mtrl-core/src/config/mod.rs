@@ -1,0 +1,151 @@
+//! Configuration: TOML spec structs → validated config structs.
+//!
+//! Each section lives in its own file. `Config::load` reads one file; `Config::from_toml_str` takes
+//! the text plus the path it came from (used for error messages and to resolve relative paths).
+
+mod search;
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+pub use search::{
+    Bm25Config, Columns, EmbedderChoice, RetrievalEvalConfig, SearchConfig, SearchSpec, StopWords,
+    VectorConfig,
+};
+
+use crate::error::{CoreError, Result};
+
+/// The raw file, one field per top-level section.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigSpec {
+    /// Free-form run name, used in reports.
+    pub name: Option<String>,
+    pub search: Option<SearchSpec>,
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file this config came from (for messages).
+    pub source: PathBuf,
+    pub name: String,
+    pub search: Option<SearchConfig>,
+}
+
+impl Config {
+    /// Reads and validates a TOML config file.
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path).map_err(|source| CoreError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_toml_str(&text, path)
+    }
+
+    /// Parses and validates config text; `path` names the origin and anchors relative paths.
+    pub fn from_toml_str(text: &str, path: &Path) -> Result<Config> {
+        let spec: ConfigSpec = toml::from_str(text).map_err(|e| CoreError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        spec.validate(path)
+    }
+
+    /// The `[search]` section, or an error naming the file when it is absent.
+    pub fn search(&self) -> Result<&SearchConfig> {
+        self.search
+            .as_ref()
+            .ok_or_else(|| CoreError::MissingSection {
+                path: self.source.clone(),
+                section: "search".into(),
+            })
+    }
+}
+
+impl ConfigSpec {
+    /// Applies defaults and checks ranges; `path` is the file the spec was read from.
+    pub fn validate(self, path: &Path) -> Result<Config> {
+        let ctx = Ctx { path };
+        let name = self.name.unwrap_or_else(|| {
+            path.file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "run".into())
+        });
+        let search = self.search.map(|s| s.validate(&ctx)).transpose()?;
+        Ok(Config {
+            source: path.to_path_buf(),
+            name,
+            search,
+        })
+    }
+}
+
+/// Validation context: where the spec came from.
+pub(crate) struct Ctx<'a> {
+    pub path: &'a Path,
+}
+
+impl Ctx<'_> {
+    /// Resolves a path from the file: absolute stays, relative is taken from the config's folder.
+    pub fn resolve(&self, p: &str) -> PathBuf {
+        let p = Path::new(p);
+        if p.is_absolute() {
+            return p.to_path_buf();
+        }
+        match self.path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir.join(p),
+            _ => p.to_path_buf(),
+        }
+    }
+
+    pub fn invalid(&self, key: &str, message: impl Into<String>) -> CoreError {
+        CoreError::Invalid {
+            path: self.path.to_path_buf(),
+            key: key.to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// Checks `lo <= v <= hi` for an integer key.
+    pub fn range(&self, key: &str, v: usize, lo: usize, hi: usize) -> Result<usize> {
+        if v < lo || v > hi {
+            return Err(self.invalid(key, format!("{v} is outside {lo}..={hi}")));
+        }
+        Ok(v)
+    }
+
+    pub fn non_empty(&self, key: &str, v: &str) -> Result<()> {
+        if v.trim().is_empty() {
+            return Err(self.invalid(key, "must not be empty"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_top_level_key_names_key_and_file() {
+        let err = Config::from_toml_str("nmae = 'x'\n", Path::new("cfg/a.toml")).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("cfg/a.toml"), "{msg}");
+        assert!(msg.contains("nmae"), "{msg}");
+    }
+
+    #[test]
+    fn missing_search_section_is_reported() {
+        let cfg = Config::from_toml_str("name = 'x'\n", Path::new("a.toml")).unwrap();
+        let msg = cfg.search().unwrap_err().to_string();
+        assert!(msg.contains("[search]") && msg.contains("a.toml"), "{msg}");
+    }
+
+    #[test]
+    fn name_defaults_to_file_stem() {
+        let cfg = Config::from_toml_str("", Path::new("configs/cranfield.toml")).unwrap();
+        assert_eq!(cfg.name, "cranfield");
+    }
+}

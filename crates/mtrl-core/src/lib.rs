@@ -1,0 +1,16 @@
+//! Shared vocabulary of mtrl: configuration specs and their validation, and the error type every
+//! other crate can wrap.
+//!
+//! Configuration is two-stage (ripgrep style): a TOML file is parsed into `*Spec` structs that mirror
+//! the file one-to-one (`deny_unknown_fields`, so a mistyped key is an error naming the key and the
+//! file), then `validate()` turns the spec into plain config structs with defaults applied, ranges
+//! checked and relative paths resolved against the config file's folder. Validation does no IO: it
+//! never checks that a path exists, because the commands that use a path report that with context.
+//!
+//! Invariant: this crate depends on nothing heavier than serde; every crate may depend on it.
+
+pub mod config;
+pub mod error;
+
+pub use config::{Config, SearchConfig};
+pub use error::{CoreError, Result};
