@@ -105,7 +105,12 @@ impl Bm25Index {
     }
 
     /// Opens an index built by [`Bm25Index::build`] for the same corpus and settings.
-    pub fn open(dir: &Path, corpus: Arc<Corpus>, cfg: &Bm25Config, snippet_chars: usize) -> Result<Bm25Index> {
+    pub fn open(
+        dir: &Path,
+        corpus: Arc<Corpus>,
+        cfg: &Bm25Config,
+        snippet_chars: usize,
+    ) -> Result<Bm25Index> {
         let tantivy_err = |source| SearchError::Tantivy {
             path: dir.to_path_buf(),
             source,
@@ -133,7 +138,10 @@ impl Bm25Index {
         if n != idx.corpus.len() as u64 {
             return Err(SearchError::Corrupt {
                 path: dir.to_path_buf(),
-                message: format!("holds {n} documents but the corpus has {}", idx.corpus.len()),
+                message: format!(
+                    "holds {n} documents but the corpus has {}",
+                    idx.corpus.len()
+                ),
             });
         }
         Ok(idx)
@@ -183,10 +191,12 @@ impl Bm25Index {
                 .fast_fields()
                 .u64(ORD)
                 .map_err(err)?;
-            let ord = column.first(addr.doc_id).ok_or_else(|| SearchError::Corrupt {
-                path: self.path.clone(),
-                message: format!("document {addr:?} has no `{ORD}` value"),
-            })? as usize;
+            let ord = column
+                .first(addr.doc_id)
+                .ok_or_else(|| SearchError::Corrupt {
+                    path: self.path.clone(),
+                    message: format!("document {addr:?} has no `{ORD}` value"),
+                })? as usize;
             if ord >= self.corpus.len() {
                 return Err(SearchError::Corrupt {
                     path: self.path.clone(),
@@ -228,14 +238,30 @@ mod tests {
 
     fn corpus() -> Arc<Corpus> {
         let docs = [
-            ("a", "Wing flutter", "Flutter of swept wings at supersonic speeds."),
-            ("b", "Heat transfer", "Heat transfer in laminar boundary layers."),
-            ("c", "Boundary layer", "Transition of the boundary layer on a flat plate."),
+            (
+                "a",
+                "Wing flutter",
+                "Flutter of swept wings at supersonic speeds.",
+            ),
+            (
+                "b",
+                "Heat transfer",
+                "Heat transfer in laminar boundary layers.",
+            ),
+            (
+                "c",
+                "Boundary layer",
+                "Transition of the boundary layer on a flat plate.",
+            ),
         ];
         Arc::new(
             Corpus::from_documents(
                 docs.iter()
-                    .map(|(i, t, x)| Document { id: i.to_string(), title: t.to_string(), text: x.to_string() })
+                    .map(|(i, t, x)| Document {
+                        id: i.to_string(),
+                        title: t.to_string(),
+                        text: x.to_string(),
+                    })
                     .collect(),
             )
             .unwrap(),
@@ -251,7 +277,10 @@ mod tests {
     }
 
     fn default_cfg() -> Bm25Config {
-        Bm25Config { stopwords: StopWords::English, stemming: true }
+        Bm25Config {
+            stopwords: StopWords::English,
+            stemming: true,
+        }
     }
 
     #[test]
@@ -269,14 +298,26 @@ mod tests {
     fn hostile_query_text_never_fails() {
         let (_d, idx) = index(&default_cfg());
         for q in [
-            "", "   ", "\"unterminated", "title:wing AND", "(((", "OR OR AND NOT", "🚀🔥", "wing^3 ~2 *",
-            "a:b:c]]{", "\u{0}\u{1}", "the of and",
+            "",
+            "   ",
+            "\"unterminated",
+            "title:wing AND",
+            "(((",
+            "OR OR AND NOT",
+            "🚀🔥",
+            "wing^3 ~2 *",
+            "a:b:c]]{",
+            "\u{0}\u{1}",
+            "the of and",
         ] {
             let hits = idx.search(q, 5);
             assert!(hits.is_ok(), "query {q:?}: {hits:?}");
         }
         assert!(idx.search("", 5).unwrap().is_empty());
-        assert!(idx.search("the of", 5).unwrap().is_empty(), "stop words only");
+        assert!(
+            idx.search("the of", 5).unwrap().is_empty(),
+            "stop words only"
+        );
         assert_eq!(idx.search("title:wing AND", 5).unwrap()[0].doc_id, "a");
         assert!(idx.search("wing", 0).unwrap().is_empty());
         assert_eq!(idx.search("boundary", 1000).unwrap().len(), 2);
@@ -284,12 +325,18 @@ mod tests {
 
     #[test]
     fn stopwords_configurable() {
-        let cfg = Bm25Config { stopwords: StopWords::None, stemming: false };
+        let cfg = Bm25Config {
+            stopwords: StopWords::None,
+            stemming: false,
+        };
         let (_d, idx) = index(&cfg);
         assert_eq!(idx.analyze("The Wings"), vec!["the", "wings"]);
         let (_d, idx) = index(&default_cfg());
         assert_eq!(idx.analyze("The Wings"), vec!["wing"]);
-        let cfg = Bm25Config { stopwords: StopWords::Custom(vec!["wings".into()]), stemming: true };
+        let cfg = Bm25Config {
+            stopwords: StopWords::Custom(vec!["wings".into()]),
+            stemming: true,
+        };
         let (_d, idx) = index(&cfg);
         assert_eq!(idx.analyze("The Wings"), vec!["the"]);
     }
@@ -300,7 +347,9 @@ mod tests {
         let c = corpus();
         Bm25Index::build(dir.path(), &c, &default_cfg(), &mut |_| {}).unwrap();
         let small = Arc::new(Corpus::from_documents(vec![c.get(0).unwrap().clone()]).unwrap());
-        let err = Bm25Index::open(dir.path(), small, &default_cfg(), 50).err().unwrap();
+        let err = Bm25Index::open(dir.path(), small, &default_cfg(), 50)
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("holds 3 documents"), "{err}");
     }
 }

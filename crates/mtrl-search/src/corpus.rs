@@ -70,7 +70,10 @@ impl Corpus {
         let mut by_id = HashMap::with_capacity(docs.len());
         for (i, d) in docs.iter().enumerate() {
             if by_id.insert(d.id.clone(), i).is_some() {
-                return Err(SearchError::InvalidArgument(format!("duplicate document id `{}`", d.id)));
+                return Err(SearchError::InvalidArgument(format!(
+                    "duplicate document id `{}`",
+                    d.id
+                )));
             }
         }
         Ok(Corpus { docs, by_id })
@@ -78,7 +81,11 @@ impl Corpus {
 
     /// Reads a corpus file. `columns` names the id/title/text fields; a missing title column means
     /// documents without titles, a missing id or text column is an error.
-    pub fn load(path: &Path, columns: &Columns, skip_bad_rows: bool) -> Result<(Corpus, IngestReport)> {
+    pub fn load(
+        path: &Path,
+        columns: &Columns,
+        skip_bad_rows: bool,
+    ) -> Result<(Corpus, IngestReport)> {
         let format = readers::detect(path).ok_or_else(|| SearchError::UnsupportedFormat {
             path: path.to_path_buf(),
             expected: ".jsonl, .tsv or .csv, optionally .gz",
@@ -114,7 +121,10 @@ impl Corpus {
                 let missing = |name: &str| SearchError::BadRow {
                     path: path.to_path_buf(),
                     line: 1,
-                    message: format!("header has no `{name}` column (columns: {})", table.header.join(", ")),
+                    message: format!(
+                        "header has no `{name}` column (columns: {})",
+                        table.header.join(", ")
+                    ),
                 };
                 let id_col = col(&columns.id).ok_or_else(|| missing(&columns.id))?;
                 let text_col = col(&columns.text).ok_or_else(|| missing(&columns.text))?;
@@ -122,7 +132,9 @@ impl Corpus {
                 for (n, row) in table.rows {
                     let doc = row.map(|f| Document {
                         id: f[id_col].trim().to_string(),
-                        title: title_col.map(|c| f[c].trim().to_string()).unwrap_or_default(),
+                        title: title_col
+                            .map(|c| f[c].trim().to_string())
+                            .unwrap_or_default(),
                         text: f[text_col].trim().to_string(),
                     });
                     b.add(n, doc)?;
@@ -136,7 +148,9 @@ impl Corpus {
             }
         }
         if b.corpus.docs.is_empty() {
-            return Err(SearchError::Empty { path: path.to_path_buf() });
+            return Err(SearchError::Empty {
+                path: path.to_path_buf(),
+            });
         }
         Ok((b.corpus, b.report))
     }
@@ -181,7 +195,10 @@ impl Builder {
             if d.id.is_empty() {
                 Err("empty document id".to_string())
             } else if d.title.trim().is_empty() && d.text.trim().is_empty() {
-                Err(format!("document `{}` is empty (no title and no text)", d.id))
+                Err(format!(
+                    "document `{}` is empty (no title and no text)",
+                    d.id
+                ))
             } else {
                 Ok(d)
             }
@@ -203,8 +220,13 @@ impl Builder {
         if let Some(&first) = self.corpus.by_id.get(&doc.id) {
             let first_line = self.first_line[first];
             if self.skip_bad_rows {
-                self.report
-                    .skip(line, format!("duplicate document id `{}` (first on line {first_line})", doc.id));
+                self.report.skip(
+                    line,
+                    format!(
+                        "duplicate document id `{}` (first on line {first_line})",
+                        doc.id
+                    ),
+                );
                 return Ok(());
             }
             return Err(SearchError::DuplicateId {
@@ -214,7 +236,9 @@ impl Builder {
                 first_line,
             });
         }
-        self.corpus.by_id.insert(doc.id.clone(), self.corpus.docs.len());
+        self.corpus
+            .by_id
+            .insert(doc.id.clone(), self.corpus.docs.len());
         self.corpus.docs.push(doc);
         self.first_line.push(line);
         Ok(())
@@ -229,7 +253,9 @@ fn parse_json_row(line: &str, columns: &Columns) -> std::result::Result<Document
         .ok_or_else(|| "expected a JSON object".to_string())?;
     let field = |name: &str, required: bool| -> std::result::Result<String, String> {
         match obj.get(name) {
-            None | Some(serde_json::Value::Null) if required => Err(format!("missing field `{name}`")),
+            None | Some(serde_json::Value::Null) if required => {
+                Err(format!("missing field `{name}`"))
+            }
             None | Some(serde_json::Value::Null) => Ok(String::new()),
             Some(serde_json::Value::String(s)) => Ok(s.trim().to_string()),
             Some(v @ serde_json::Value::Number(_)) => Ok(v.to_string()),
@@ -271,17 +297,32 @@ mod tests {
     #[test]
     fn errors_name_file_and_line() {
         let cases: &[(&[u8], &str)] = &[
-            (b"{\"id\":\"a\",\"text\":\"x\"}\n{\"id\":\"a\",\"text\":\"y\"}\n", "line 2: duplicate document id `a` (first seen on line 1)"),
-            (b"{\"id\":\"a\",\"text\":\"x\"}\n{oops\n", "line 2: malformed JSON"),
+            (
+                b"{\"id\":\"a\",\"text\":\"x\"}\n{\"id\":\"a\",\"text\":\"y\"}\n",
+                "line 2: duplicate document id `a` (first seen on line 1)",
+            ),
+            (
+                b"{\"id\":\"a\",\"text\":\"x\"}\n{oops\n",
+                "line 2: malformed JSON",
+            ),
             (b"{\"id\":\"a\"}\n", "line 1: missing field `text`"),
-            (b"{\"id\":\"a\",\"text\":\"  \"}\n", "line 1: document `a` is empty"),
-            (b"{\"id\":\"a\",\"text\":\"x\"}\n{\"id\":\"b\",\"text\":\"\xff\"}\n", "line 2: invalid UTF-8"),
+            (
+                b"{\"id\":\"a\",\"text\":\"  \"}\n",
+                "line 1: document `a` is empty",
+            ),
+            (
+                b"{\"id\":\"a\",\"text\":\"x\"}\n{\"id\":\"b\",\"text\":\"\xff\"}\n",
+                "line 2: invalid UTF-8",
+            ),
             (b"[1,2]\n", "line 1: expected a JSON object"),
         ];
         for (content, want) in cases {
             let (_d, p) = write("c.jsonl", content);
             let msg = Corpus::load(&p, &cols(), false).unwrap_err().to_string();
-            assert!(msg.contains("c.jsonl") && msg.contains(want), "{msg} !~ {want}");
+            assert!(
+                msg.contains("c.jsonl") && msg.contains(want),
+                "{msg} !~ {want}"
+            );
         }
     }
 
@@ -295,20 +336,32 @@ mod tests {
         assert_eq!(c.len(), 2);
         assert_eq!(r.rows_read, 5);
         assert_eq!(r.skipped, 3);
-        assert_eq!(r.examples.iter().map(|e| e.0).collect::<Vec<_>>(), vec![2, 3, 4]);
+        assert_eq!(
+            r.examples.iter().map(|e| e.0).collect::<Vec<_>>(),
+            vec![2, 3, 4]
+        );
     }
 
     #[test]
     fn tsv_with_column_mapping_and_missing_column() {
         let (_d, p) = write("c.tsv", b"doc_id\ttext\n1\thello\n2\tworld\n");
-        let c = Columns { id: "doc_id".into(), ..cols() };
+        let c = Columns {
+            id: "doc_id".into(),
+            ..cols()
+        };
         let (corpus, _) = Corpus::load(&p, &c, false).unwrap();
         assert_eq!(corpus.by_id("2").unwrap().text, "world");
         let msg = Corpus::load(&p, &cols(), false).unwrap_err().to_string();
-        assert!(msg.contains("line 1") && msg.contains("no `id` column"), "{msg}");
+        assert!(
+            msg.contains("line 1") && msg.contains("no `id` column"),
+            "{msg}"
+        );
         let (_d2, p2) = write("c.tsv", b"doc_id\ttext\n1\thello\textra\n");
         let msg = Corpus::load(&p2, &c, false).unwrap_err().to_string();
-        assert!(msg.contains("line 2") && msg.contains("expected 2 fields"), "{msg}");
+        assert!(
+            msg.contains("line 2") && msg.contains("expected 2 fields"),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -322,16 +375,30 @@ mod tests {
     #[test]
     fn unsupported_and_empty() {
         let (_d, p) = write("c.parquet", b"x");
-        assert!(Corpus::load(&p, &cols(), false).unwrap_err().to_string().contains("unsupported"));
+        assert!(Corpus::load(&p, &cols(), false)
+            .unwrap_err()
+            .to_string()
+            .contains("unsupported"));
         let (_d, p) = write("c.jsonl", b"\n");
-        assert!(Corpus::load(&p, &cols(), false).unwrap_err().to_string().contains("no usable rows"));
+        assert!(Corpus::load(&p, &cols(), false)
+            .unwrap_err()
+            .to_string()
+            .contains("no usable rows"));
     }
 
     #[test]
     fn indexed_text_does_not_repeat_title() {
-        let d = Document { id: "1".into(), title: "wing".into(), text: "wing flutter".into() };
+        let d = Document {
+            id: "1".into(),
+            title: "wing".into(),
+            text: "wing flutter".into(),
+        };
         assert_eq!(d.indexed_text(), "wing flutter");
-        let d = Document { id: "1".into(), title: "Paris".into(), text: "capital".into() };
+        let d = Document {
+            id: "1".into(),
+            title: "Paris".into(),
+            text: "capital".into(),
+        };
         assert_eq!(d.indexed_text(), "Paris\ncapital");
     }
 }

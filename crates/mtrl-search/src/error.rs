@@ -55,7 +55,10 @@ pub enum SearchError {
 }
 
 impl SearchError {
-    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> SearchError {
+    pub(crate) fn io(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(std::io::Error) -> SearchError {
         let path = path.into();
         move |source| SearchError::Io {
             action,

@@ -115,13 +115,19 @@ impl SearchIndex {
 
     /// Opens the index of `cfg.corpus` in `cfg.index_dir`, building or rebuilding what is missing
     /// or stale.
-    pub fn open_or_build(cfg: &SearchConfig, progress: &mut dyn Progress) -> Result<(SearchIndex, BuildReport)> {
+    pub fn open_or_build(
+        cfg: &SearchConfig,
+        progress: &mut dyn Progress,
+    ) -> Result<(SearchIndex, BuildReport)> {
         let dir = &cfg.index_dir;
         std::fs::create_dir_all(dir).map_err(SearchError::io("create", dir))?;
         let corpus_sha = sha256_file(&cfg.corpus)?;
         let (corpus, ingest) = Corpus::load(&cfg.corpus, &cfg.columns, cfg.skip_bad_rows)?;
         let corpus = Arc::new(corpus);
-        let corpus_key = format!("corpus={corpus_sha};columns={:?};skip={}", cfg.columns, cfg.skip_bad_rows);
+        let corpus_key = format!(
+            "corpus={corpus_sha};columns={:?};skip={}",
+            cfg.columns, cfg.skip_bad_rows
+        );
         let mut manifest = read_manifest(dir);
         let mut reports = Vec::new();
         if manifest.corpus != corpus_key {
@@ -137,7 +143,8 @@ impl SearchIndex {
         let t = Instant::now();
         let reuse = check_part(&manifest, "bm25", &bm25_key, &bm25_dir);
         let bm25 = match reuse.and_then(|()| {
-            Bm25Index::open(&bm25_dir, corpus.clone(), &cfg.bm25, cfg.snippet_chars).map_err(|e| e.to_string())
+            Bm25Index::open(&bm25_dir, corpus.clone(), &cfg.bm25, cfg.snippet_chars)
+                .map_err(|e| e.to_string())
         }) {
             Ok(idx) => {
                 reports.push(part_report("bm25", None, t));
@@ -156,28 +163,38 @@ impl SearchIndex {
         };
 
         // Embeddings.
-        let embedder: Arc<dyn Embedder> = Arc::from(embed::from_config(&cfg.embedder, &cfg.vector)?);
+        let embedder: Arc<dyn Embedder> =
+            Arc::from(embed::from_config(&cfg.embedder, &cfg.vector)?);
         let emb_key = format!("{corpus_key};embedder={}", embedder.id());
         let emb_dir = dir.join("embeddings");
         let t = Instant::now();
-        let embeddings = match check_part(&manifest, "embeddings", &emb_key, &emb_dir)
-            .and_then(|()| Embeddings::load(&emb_dir.join(EMBEDDINGS_FILE)).map_err(|e| e.to_string()))
-        {
-            Ok(e) if e.len() == corpus.len() && e.dim == embedder.dim() => {
-                reports.push(part_report("embeddings", None, t));
-                e
-            }
-            other => {
-                let reason = other.err().unwrap_or_else(|| "shape does not match corpus".into());
-                progress.start("embeddings", corpus.len() as u64);
-                let e = Embeddings::compute(&corpus, embedder.as_ref(), cfg.vector.batch_size, &mut |n| progress.set(n))?;
-                progress.finish();
-                let files = build_part(dir, "embeddings", |tmp| e.save(&tmp.join(EMBEDDINGS_FILE)))?;
-                record(dir, &mut manifest, "embeddings", emb_key.clone(), files)?;
-                reports.push(part_report("embeddings", Some(reason), t));
-                e
-            }
-        };
+        let embeddings =
+            match check_part(&manifest, "embeddings", &emb_key, &emb_dir).and_then(|()| {
+                Embeddings::load(&emb_dir.join(EMBEDDINGS_FILE)).map_err(|e| e.to_string())
+            }) {
+                Ok(e) if e.len() == corpus.len() && e.dim == embedder.dim() => {
+                    reports.push(part_report("embeddings", None, t));
+                    e
+                }
+                other => {
+                    let reason = other
+                        .err()
+                        .unwrap_or_else(|| "shape does not match corpus".into());
+                    progress.start("embeddings", corpus.len() as u64);
+                    let e = Embeddings::compute(
+                        &corpus,
+                        embedder.as_ref(),
+                        cfg.vector.batch_size,
+                        &mut |n| progress.set(n),
+                    )?;
+                    progress.finish();
+                    let files =
+                        build_part(dir, "embeddings", |tmp| e.save(&tmp.join(EMBEDDINGS_FILE)))?;
+                    record(dir, &mut manifest, "embeddings", emb_key.clone(), files)?;
+                    reports.push(part_report("embeddings", Some(reason), t));
+                    e
+                }
+            };
 
         // HNSW graph.
         let graph_key = format!(
@@ -187,7 +204,13 @@ impl SearchIndex {
         let graph_dir = dir.join("graph");
         let t = Instant::now();
         let open_graph = || {
-            VectorIndex::open(&graph_dir, corpus.clone(), embedder.clone(), cfg.vector.ef_search, cfg.snippet_chars)
+            VectorIndex::open(
+                &graph_dir,
+                corpus.clone(),
+                embedder.clone(),
+                cfg.vector.ef_search,
+                cfg.snippet_chars,
+            )
         };
         let vector = match check_part(&manifest, "graph", &graph_key, &graph_dir)
             .and_then(|()| open_graph().map_err(|e| e.to_string()))
@@ -214,7 +237,14 @@ impl SearchIndex {
             parts: reports,
             embedder: embedder.id(),
         };
-        Ok((SearchIndex { corpus, bm25, vector }, report))
+        Ok((
+            SearchIndex {
+                corpus,
+                bm25,
+                vector,
+            },
+            report,
+        ))
     }
 }
 
@@ -237,7 +267,10 @@ fn read_manifest(dir: &Path) -> Manifest {
 
 /// Ok when the manifest's record of `part` has `key` and its files still hash as recorded.
 fn check_part(m: &Manifest, part: &str, key: &str, dir: &Path) -> std::result::Result<(), String> {
-    let rec = m.parts.get(part).ok_or_else(|| "not built yet".to_string())?;
+    let rec = m
+        .parts
+        .get(part)
+        .ok_or_else(|| "not built yet".to_string())?;
     if rec.key != key {
         return Err("inputs or settings changed".into());
     }
@@ -295,11 +328,18 @@ fn build_part(
     Ok(files)
 }
 
-fn record(dir: &Path, m: &mut Manifest, part: &str, key: String, files: BTreeMap<String, String>) -> Result<()> {
+fn record(
+    dir: &Path,
+    m: &mut Manifest,
+    part: &str,
+    key: String,
+    files: BTreeMap<String, String>,
+) -> Result<()> {
     m.parts.insert(part.to_string(), PartRecord { key, files });
     let path = dir.join(MANIFEST);
     let tmp = dir.join(".manifest.json.tmp");
-    let text = serde_json::to_string_pretty(m).map_err(|e| SearchError::InvalidArgument(e.to_string()))?;
+    let text =
+        serde_json::to_string_pretty(m).map_err(|e| SearchError::InvalidArgument(e.to_string()))?;
     std::fs::write(&tmp, text).map_err(SearchError::io("write", &tmp))?;
     std::fs::rename(&tmp, &path).map_err(SearchError::io("rename", &tmp))
 }

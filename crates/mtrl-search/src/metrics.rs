@@ -39,9 +39,18 @@ pub fn ndcg_at_k(ranked: &[&str], judged: &HashMap<String, i32>, k: usize) -> f6
         .enumerate()
         .map(|(i, d)| gain(judged.get(*d)) / discount(i))
         .sum();
-    let mut ideal: Vec<f64> = judged.values().map(|g| gain(Some(g))).filter(|g| *g > 0.0).collect();
+    let mut ideal: Vec<f64> = judged
+        .values()
+        .map(|g| gain(Some(g)))
+        .filter(|g| *g > 0.0)
+        .collect();
     ideal.sort_by(|a, b| b.total_cmp(a));
-    let idcg: f64 = ideal.iter().take(k).enumerate().map(|(i, g)| g / discount(i)).sum();
+    let idcg: f64 = ideal
+        .iter()
+        .take(k)
+        .enumerate()
+        .map(|(i, g)| g / discount(i))
+        .sum();
     if idcg > 0.0 {
         dcg / idcg
     } else {
@@ -209,10 +218,12 @@ mod tests {
         q.insert("a", "d1", 1);
         q.insert("b", "d", 0);
         q.insert("c", "d1", 2);
-        let run: HashMap<String, Vec<String>> =
-            [("a".to_string(), vec!["d1".to_string()]), ("b".to_string(), vec!["d".to_string()])]
-                .into_iter()
-                .collect();
+        let run: HashMap<String, Vec<String>> = [
+            ("a".to_string(), vec!["d1".to_string()]),
+            ("b".to_string(), vec!["d".to_string()]),
+        ]
+        .into_iter()
+        .collect();
         let s = evaluate_run(&run, &q);
         assert_eq!(s.queries, 3);
         assert_eq!(s.without_relevant, vec!["b"]);

@@ -74,7 +74,12 @@ impl Qrels {
                     match f.len() {
                         0 => continue,
                         4 => q.insert(f[0], f[2], grade(n, f[3])?),
-                        k => return Err(bad(n, format!("expected 4 fields `qid iter docid grade`, found {k}"))),
+                        k => {
+                            return Err(bad(
+                                n,
+                                format!("expected 4 fields `qid iter docid grade`, found {k}"),
+                            ))
+                        }
                     }
                 }
             }
@@ -101,7 +106,10 @@ impl Qrels {
                     (qc, dc, gc, rows)
                 } else {
                     let missing = |what: &str, names: &[&str]| {
-                        bad(1, format!("header has no {what} column (one of {})", names.join(", ")))
+                        bad(
+                            1,
+                            format!("header has no {what} column (one of {})", names.join(", ")),
+                        )
                     };
                     (
                         find(QID_NAMES).ok_or_else(|| missing("query id", QID_NAMES))?,
@@ -123,7 +131,9 @@ impl Qrels {
             }
         }
         if q.by_query.is_empty() {
-            return Err(SearchError::Empty { path: path.to_path_buf() });
+            return Err(SearchError::Empty {
+                path: path.to_path_buf(),
+            });
         }
         Ok(q)
     }
@@ -143,7 +153,10 @@ mod tests {
     #[test]
     fn trec_and_tsv_forms_agree() {
         let (_a, trec) = write("q.trec", "1 0 d1 3\n1 0 d2 -1\n2 0 d9 1\n");
-        let (_b, tsv) = write("q.tsv", "query_id\tdoc_id\tcode\tgain\n1\td1\t2\t3\n1\td2\t-1\t-1\n2\td9\t4\t1\n");
+        let (_b, tsv) = write(
+            "q.tsv",
+            "query_id\tdoc_id\tcode\tgain\n1\td1\t2\t3\n1\td2\t-1\t-1\n2\td9\t4\t1\n",
+        );
         let (_c, bare) = write("q.tsv", "1\td1\t3\n1\td2\t-1\n2\td9\t1\n");
         let a = Qrels::load(&trec).unwrap();
         assert_eq!(a, Qrels::load(&tsv).unwrap());
@@ -156,8 +169,14 @@ mod tests {
     fn bad_lines_are_named() {
         let (_a, p) = write("q.trec", "1 0 d1 3\n1 0 d2\n");
         let msg = Qrels::load(&p).unwrap_err().to_string();
-        assert!(msg.contains("q.trec line 2") && msg.contains("expected 4 fields"), "{msg}");
+        assert!(
+            msg.contains("q.trec line 2") && msg.contains("expected 4 fields"),
+            "{msg}"
+        );
         let (_a, p) = write("q.trec", "1 0 d1 high\n");
-        assert!(Qrels::load(&p).unwrap_err().to_string().contains("not a number"));
+        assert!(Qrels::load(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("not a number"));
     }
 }

@@ -39,8 +39,8 @@ pub fn load(path: &Path) -> Result<Vec<Query>> {
                 if text.trim().is_empty() {
                     continue;
                 }
-                let v: serde_json::Value =
-                    serde_json::from_str(&text).map_err(|e| bad(n, format!("malformed JSON: {e}")))?;
+                let v: serde_json::Value = serde_json::from_str(&text)
+                    .map_err(|e| bad(n, format!("malformed JSON: {e}")))?;
                 let pick = |names: &[&str]| {
                     names.iter().find_map(|k| match v.get(*k) {
                         Some(serde_json::Value::String(s)) => Some(s.clone()),
@@ -48,10 +48,18 @@ pub fn load(path: &Path) -> Result<Vec<Query>> {
                         _ => None,
                     })
                 };
-                let id = pick(ID_NAMES)
-                    .ok_or_else(|| bad(n, format!("no query id field (one of {})", ID_NAMES.join(", "))))?;
-                let qtext = pick(TEXT_NAMES)
-                    .ok_or_else(|| bad(n, format!("no query text field (one of {})", TEXT_NAMES.join(", "))))?;
+                let id = pick(ID_NAMES).ok_or_else(|| {
+                    bad(
+                        n,
+                        format!("no query id field (one of {})", ID_NAMES.join(", ")),
+                    )
+                })?;
+                let qtext = pick(TEXT_NAMES).ok_or_else(|| {
+                    bad(
+                        n,
+                        format!("no query text field (one of {})", TEXT_NAMES.join(", ")),
+                    )
+                })?;
                 out.push(Query { id, text: qtext });
             }
         }
@@ -92,7 +100,9 @@ pub fn load(path: &Path) -> Result<Vec<Query>> {
         }
     }
     if out.is_empty() {
-        return Err(SearchError::Empty { path: path.to_path_buf() });
+        return Err(SearchError::Empty {
+            path: path.to_path_buf(),
+        });
     }
     Ok(out)
 }
@@ -111,21 +121,39 @@ mod tests {
     #[test]
     fn tsv_with_and_without_header() {
         let (_d, p) = write("q.tsv", "query_id\toriginal\ttext\n1\t001\twing flutter\n");
-        assert_eq!(load(&p).unwrap(), vec![Query { id: "1".into(), text: "wing flutter".into() }]);
+        assert_eq!(
+            load(&p).unwrap(),
+            vec![Query {
+                id: "1".into(),
+                text: "wing flutter".into()
+            }]
+        );
         let (_d, p) = write("q.tsv", "7\tfirst\n8\tsecond\n");
         let q = load(&p).unwrap();
         assert_eq!(q.len(), 2);
-        assert_eq!(q[1], Query { id: "8".into(), text: "second".into() });
+        assert_eq!(
+            q[1],
+            Query {
+                id: "8".into(),
+                text: "second".into()
+            }
+        );
     }
 
     #[test]
     fn jsonl_field_names() {
-        let (_d, p) = write("q.jsonl", "{\"query_id\": \"a\", \"question\": \"who?\"}\n{\"qid\": 3, \"text\": \"t\"}\n");
+        let (_d, p) = write(
+            "q.jsonl",
+            "{\"query_id\": \"a\", \"question\": \"who?\"}\n{\"qid\": 3, \"text\": \"t\"}\n",
+        );
         let q = load(&p).unwrap();
         assert_eq!(q[0].text, "who?");
         assert_eq!(q[1].id, "3");
         let (_d, p) = write("q.jsonl", "{\"query_id\": \"a\"}\n");
         let msg = load(&p).unwrap_err().to_string();
-        assert!(msg.contains("q.jsonl line 1") && msg.contains("no query text"), "{msg}");
+        assert!(
+            msg.contains("q.jsonl line 1") && msg.contains("no query text"),
+            "{msg}"
+        );
     }
 }

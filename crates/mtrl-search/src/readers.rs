@@ -40,7 +40,9 @@ pub(crate) fn open(path: &Path) -> Result<Box<dyn BufRead + Send>> {
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("gz"));
     if is_gz {
-        Ok(Box::new(BufReader::new(flate2::read::MultiGzDecoder::new(file))))
+        Ok(Box::new(BufReader::new(flate2::read::MultiGzDecoder::new(
+            file,
+        ))))
     } else {
         Ok(Box::new(BufReader::new(file)))
     }
@@ -132,7 +134,11 @@ pub(crate) fn read_table(path: &Path, format: Format) -> Result<Table> {
             (Some(h), Ok(f)) if f.len() == 1 && f[0].trim().is_empty() && h.len() > 1 => {}
             (Some(h), Ok(f)) if f.len() != h.len() => rows.push((
                 line,
-                Err(format!("expected {} fields like the header, found {}", h.len(), f.len())),
+                Err(format!(
+                    "expected {} fields like the header, found {}",
+                    h.len(),
+                    f.len()
+                )),
             )),
             (Some(_), r) => rows.push((line, r)),
         }
@@ -149,7 +155,10 @@ mod tests {
 
     #[test]
     fn detects_formats() {
-        assert_eq!(detect(Path::new("a/docs.jsonl.gz")), Some(Format::JsonLines));
+        assert_eq!(
+            detect(Path::new("a/docs.jsonl.gz")),
+            Some(Format::JsonLines)
+        );
         assert_eq!(detect(Path::new("docs.TSV")), Some(Format::Tsv));
         assert_eq!(detect(Path::new("x.csv.gz")), Some(Format::Csv));
         assert_eq!(detect(Path::new("qrels.trec")), Some(Format::Trec));
@@ -175,7 +184,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f.tsv.gz");
         let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-        enc.write_all(b"id\ttext\n1\thello \"world\n2\tbye\n").unwrap();
+        enc.write_all(b"id\ttext\n1\thello \"world\n2\tbye\n")
+            .unwrap();
         std::fs::write(&p, enc.finish().unwrap()).unwrap();
         let t = read_table(&p, Format::Tsv).unwrap();
         assert_eq!(t.header, vec!["id", "text"]);

@@ -60,10 +60,19 @@ impl Embeddings {
     }
 
     /// Embeds every document of `corpus` in batches; `progress` gets the count done so far.
-    pub fn compute(corpus: &Corpus, embedder: &dyn Embedder, batch: usize, progress: &mut dyn FnMut(u64)) -> Result<Embeddings> {
+    pub fn compute(
+        corpus: &Corpus,
+        embedder: &dyn Embedder,
+        batch: usize,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Embeddings> {
         let dim = embedder.dim();
         let mut data = Vec::with_capacity(corpus.len() * dim);
-        let texts: Vec<String> = corpus.documents().iter().map(|d| d.indexed_text()).collect();
+        let texts: Vec<String> = corpus
+            .documents()
+            .iter()
+            .map(|d| d.indexed_text())
+            .collect();
         for (i, chunk) in texts.chunks(batch.max(1)).enumerate() {
             let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
             for v in embedder.embed(&refs)? {
@@ -75,7 +84,9 @@ impl Embeddings {
     }
 
     pub fn save(&self, path: &Path) -> Result<()> {
-        let mut f = std::io::BufWriter::new(std::fs::File::create(path).map_err(SearchError::io("create", path))?);
+        let mut f = std::io::BufWriter::new(
+            std::fs::File::create(path).map_err(SearchError::io("create", path))?,
+        );
         let mut head = Vec::with_capacity(24);
         head.extend_from_slice(MAGIC);
         head.extend_from_slice(&EMB_FORMAT_VERSION.to_le_bytes());
@@ -83,7 +94,8 @@ impl Embeddings {
         head.extend_from_slice(&(self.dim as u32).to_le_bytes());
         f.write_all(&head).map_err(SearchError::io("write", path))?;
         for x in &self.data {
-            f.write_all(&x.to_le_bytes()).map_err(SearchError::io("write", path))?;
+            f.write_all(&x.to_le_bytes())
+                .map_err(SearchError::io("write", path))?;
         }
         f.into_inner()
             .map_err(|e| SearchError::io("write", path)(e.into_error()))?
@@ -103,10 +115,13 @@ impl Embeddings {
         if bytes.len() < 24 || &bytes[..8] != MAGIC {
             return Err(corrupt("not an mtrl embeddings file".into()));
         }
-        let u32_at = |o: usize| u32::from_le_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
+        let u32_at =
+            |o: usize| u32::from_le_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
         let version = u32_at(8);
         if version != EMB_FORMAT_VERSION {
-            return Err(corrupt(format!("format_version {version}, expected {EMB_FORMAT_VERSION}")));
+            return Err(corrupt(format!(
+                "format_version {version}, expected {EMB_FORMAT_VERSION}"
+            )));
         }
         let mut n8 = [0u8; 8];
         n8.copy_from_slice(&bytes[12..20]);
@@ -114,7 +129,10 @@ impl Embeddings {
         let dim = u32_at(20) as usize;
         let body = &bytes[24..];
         if dim == 0 || body.len() != n.saturating_mul(dim).saturating_mul(4) {
-            return Err(corrupt(format!("expected {n}×{dim} floats, file holds {} bytes", body.len())));
+            return Err(corrupt(format!(
+                "expected {n}×{dim} floats, file holds {} bytes",
+                body.len()
+            )));
         }
         let data = body
             .chunks_exact(4)
@@ -141,14 +159,21 @@ impl Embeddings {
 
 /// Builds the HNSW graph for `emb` and dumps it into `dir`.
 pub fn build_graph(dir: &Path, emb: &Embeddings, m: usize, ef_construction: usize) -> Result<()> {
-    let hnsw: CosineHnsw = Hnsw::new(m, emb.len().max(1), MAX_LAYERS, ef_construction, DistCosine {});
+    let hnsw: CosineHnsw = Hnsw::new(
+        m,
+        emb.len().max(1),
+        MAX_LAYERS,
+        ef_construction,
+        DistCosine {},
+    );
     let rows: Vec<Vec<f32>> = (0..emb.len()).map(|i| emb.row(i).to_vec()).collect();
     let with_ids: Vec<(&Vec<f32>, usize)> = rows.iter().zip(0..).collect();
     hnsw.parallel_insert(&with_ids);
-    hnsw.file_dump(dir, HNSW_BASENAME).map_err(|e| SearchError::VectorIndex {
-        path: dir.to_path_buf(),
-        message: format!("cannot write graph: {e}"),
-    })?;
+    hnsw.file_dump(dir, HNSW_BASENAME)
+        .map_err(|e| SearchError::VectorIndex {
+            path: dir.to_path_buf(),
+            message: format!("cannot write graph: {e}"),
+        })?;
     Ok(())
 }
 
@@ -172,12 +197,13 @@ impl VectorIndex {
         snippet_chars: usize,
     ) -> Result<VectorIndex> {
         let io = HnswIo::new(dir, HNSW_BASENAME);
-        let graph = LoadedGraph::try_new(io, |io| io.load_hnsw_with_dist(DistCosine {})).map_err(|e| {
-            SearchError::VectorIndex {
-                path: dir.to_path_buf(),
-                message: format!("cannot load graph: {e}"),
-            }
-        })?;
+        let graph =
+            LoadedGraph::try_new(io, |io| io.load_hnsw_with_dist(DistCosine {})).map_err(|e| {
+                SearchError::VectorIndex {
+                    path: dir.to_path_buf(),
+                    message: format!("cannot load graph: {e}"),
+                }
+            })?;
         let n = graph.with_dependent(|_, h| h.get_nb_point());
         if n != corpus.len() {
             return Err(SearchError::Corrupt {
@@ -234,11 +260,10 @@ impl Retriever for VectorIndex {
         if k == 0 || query.trim().is_empty() {
             return Ok(Vec::new());
         }
-        let q = self
-            .embedder
-            .embed(&[query])?
-            .pop()
-            .ok_or_else(|| SearchError::InvalidArgument("embedder returned no vector".into()))?;
+        let q =
+            self.embedder.embed(&[query])?.pop().ok_or_else(|| {
+                SearchError::InvalidArgument("embedder returned no vector".into())
+            })?;
         Ok(self
             .search_vector(&q, k)
             .into_iter()
@@ -262,12 +287,20 @@ mod tests {
     use crate::embed::HashEmbedder;
 
     fn corpus(n: usize) -> Arc<Corpus> {
-        let words = ["wing", "flutter", "heat", "boundary", "layer", "shock", "wave", "plate", "nozzle", "jet"];
+        let words = [
+            "wing", "flutter", "heat", "boundary", "layer", "shock", "wave", "plate", "nozzle",
+            "jet",
+        ];
         let docs = (0..n)
             .map(|i| Document {
                 id: format!("d{i}"),
                 title: String::new(),
-                text: format!("{} {} {} n{i}", words[i % 10], words[(i / 10) % 10], words[(i * 7) % 10]),
+                text: format!(
+                    "{} {} {} n{i}",
+                    words[i % 10],
+                    words[(i / 10) % 10],
+                    words[(i * 7) % 10]
+                ),
             })
             .collect();
         Arc::new(Corpus::from_documents(docs).unwrap())
@@ -276,14 +309,20 @@ mod tests {
     #[test]
     fn embeddings_roundtrip_and_corruption() {
         let dir = tempfile::tempdir().unwrap();
-        let e = Embeddings { dim: 2, data: vec![1.0, 0.0, 0.6, 0.8] };
+        let e = Embeddings {
+            dim: 2,
+            data: vec![1.0, 0.0, 0.6, 0.8],
+        };
         let p = dir.path().join(EMBEDDINGS_FILE);
         e.save(&p).unwrap();
         assert_eq!(Embeddings::load(&p).unwrap(), e);
         let mut bytes = std::fs::read(&p).unwrap();
         bytes.truncate(bytes.len() - 3);
         std::fs::write(&p, &bytes).unwrap();
-        assert!(Embeddings::load(&p).unwrap_err().to_string().contains("damaged"));
+        assert!(Embeddings::load(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("damaged"));
         assert_eq!(e.exact_search(&[0.0, 1.0], 5), vec![(1, 0.8), (0, 0.0)]);
     }
 
@@ -315,11 +354,15 @@ mod tests {
     fn open_rejects_missing_or_mismatched_graph() {
         let dir = tempfile::tempdir().unwrap();
         let emb: Arc<dyn Embedder> = Arc::new(HashEmbedder::new(16));
-        let err = VectorIndex::open(dir.path(), corpus(5), emb.clone(), 10, 10).err().unwrap();
+        let err = VectorIndex::open(dir.path(), corpus(5), emb.clone(), 10, 10)
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("cannot load graph"), "{err}");
         let e = Embeddings::compute(&corpus(5), emb.as_ref(), 4, &mut |_| {}).unwrap();
         build_graph(dir.path(), &e, 8, 20).unwrap();
-        let err = VectorIndex::open(dir.path(), corpus(6), emb, 10, 10).err().unwrap();
+        let err = VectorIndex::open(dir.path(), corpus(6), emb, 10, 10)
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("graph holds 5 points"), "{err}");
     }
 }

@@ -187,9 +187,24 @@ impl SearchSpec {
                 1,
                 10_000,
             )?,
-            ef_search: ctx.range("search.vector.ef_search", v.ef_search.unwrap_or(128), 1, 10_000)?,
-            max_seq_len: ctx.range("search.vector.max_seq_len", v.max_seq_len.unwrap_or(256), 8, 512)?,
-            batch_size: ctx.range("search.vector.batch_size", v.batch_size.unwrap_or(32), 1, 4096)?,
+            ef_search: ctx.range(
+                "search.vector.ef_search",
+                v.ef_search.unwrap_or(128),
+                1,
+                10_000,
+            )?,
+            max_seq_len: ctx.range(
+                "search.vector.max_seq_len",
+                v.max_seq_len.unwrap_or(256),
+                8,
+                512,
+            )?,
+            batch_size: ctx.range(
+                "search.vector.batch_size",
+                v.batch_size.unwrap_or(32),
+                1,
+                4096,
+            )?,
             device,
         };
         let columns = match self.columns {
@@ -220,18 +235,25 @@ impl SearchSpec {
                         other => {
                             return Err(ctx.invalid(
                                 "search.bm25.stopwords",
-                                format!("`{other}` is not \"english\", \"none\" or a list of words"),
+                                format!(
+                                    "`{other}` is not \"english\", \"none\" or a list of words"
+                                ),
                             ))
                         }
                     },
-                    Some(StopWordsSpec::List(words)) => StopWords::Custom(
-                        words.into_iter().map(|w| w.to_lowercase()).collect(),
-                    ),
+                    Some(StopWordsSpec::List(words)) => {
+                        StopWords::Custom(words.into_iter().map(|w| w.to_lowercase()).collect())
+                    }
                 },
                 stemming: b.stemming.unwrap_or(true),
             },
         };
-        let snippet_chars = ctx.range("search.snippet_chars", self.snippet_chars.unwrap_or(240), 16, 100_000)?;
+        let snippet_chars = ctx.range(
+            "search.snippet_chars",
+            self.snippet_chars.unwrap_or(240),
+            16,
+            100_000,
+        )?;
         let eval = self
             .eval
             .map(|e| -> Result<RetrievalEvalConfig> {
@@ -288,24 +310,33 @@ mod tests {
 
     #[test]
     fn mistyped_nested_key_is_named() {
-        let err = load("[search]\ncorpus='c'\nindex_dir='i'\n[search.vector]\nef_serch = 3\n").unwrap_err();
+        let err = load("[search]\ncorpus='c'\nindex_dir='i'\n[search.vector]\nef_serch = 3\n")
+            .unwrap_err();
         let msg = err.to_string();
-        assert!(msg.contains("ef_serch") && msg.contains("configs/t.toml"), "{msg}");
+        assert!(
+            msg.contains("ef_serch") && msg.contains("configs/t.toml"),
+            "{msg}"
+        );
     }
 
     #[test]
     fn out_of_range_value_names_key() {
-        let err = load("[search]\ncorpus='c'\nindex_dir='i'\n[search.vector]\nm = 1\n").unwrap_err();
+        let err =
+            load("[search]\ncorpus='c'\nindex_dir='i'\n[search.vector]\nm = 1\n").unwrap_err();
         assert!(err.to_string().contains("search.vector.m"), "{err}");
     }
 
     #[test]
     fn bad_stopwords_and_device_are_rejected() {
-        let err = load("[search]\ncorpus='c'\nindex_dir='i'\n[search.bm25]\nstopwords='klingon'\n").unwrap_err();
+        let err = load("[search]\ncorpus='c'\nindex_dir='i'\n[search.bm25]\nstopwords='klingon'\n")
+            .unwrap_err();
         assert!(err.to_string().contains("search.bm25.stopwords"), "{err}");
-        let err = load("[search]\ncorpus='c'\nindex_dir='i'\n[search.vector]\ndevice='tpu'\n").unwrap_err();
+        let err = load("[search]\ncorpus='c'\nindex_dir='i'\n[search.vector]\ndevice='tpu'\n")
+            .unwrap_err();
         assert!(err.to_string().contains("search.vector.device"), "{err}");
-        let ok = load("[search]\ncorpus='c'\nindex_dir='i'\n[search.bm25]\nstopwords=['The','of']\n").unwrap();
+        let ok =
+            load("[search]\ncorpus='c'\nindex_dir='i'\n[search.bm25]\nstopwords=['The','of']\n")
+                .unwrap();
         assert_eq!(
             ok.search().unwrap().bm25.stopwords,
             StopWords::Custom(vec!["the".into(), "of".into()])
@@ -320,10 +351,13 @@ mod tests {
 
     #[test]
     fn embedder_dir_is_resolved() {
-        let cfg = load("[search]\ncorpus='c'\nindex_dir='i'\nembedder='../models/minilm'\n").unwrap();
+        let cfg =
+            load("[search]\ncorpus='c'\nindex_dir='i'\nembedder='../models/minilm'\n").unwrap();
         assert_eq!(
             cfg.search().unwrap().embedder,
-            EmbedderChoice::Bert { dir: "configs/../models/minilm".into() }
+            EmbedderChoice::Bert {
+                dir: "configs/../models/minilm".into()
+            }
         );
     }
 }

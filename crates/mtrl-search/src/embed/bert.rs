@@ -128,10 +128,11 @@ impl Bert {
             let v = split(l.v.forward(&x)?)?;
             let scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?.broadcast_add(&bias)?;
             let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-            let ctx = probs
-                .matmul(&v)?
-                .transpose(1, 2)?
-                .reshape((b, t, self.heads * self.head_dim))?;
+            let ctx =
+                probs
+                    .matmul(&v)?
+                    .transpose(1, 2)?
+                    .reshape((b, t, self.heads * self.head_dim))?;
             x = l.attn_norm.forward(&(l.attn_out.forward(&ctx)? + &x)?)?;
             let ff = l.out.forward(&l.inter.forward(&x)?.gelu_erf()?)?;
             x = l.out_norm.forward(&(ff + &x)?)?;
@@ -153,7 +154,12 @@ pub struct BertEmbedder {
 
 impl BertEmbedder {
     /// Loads `dir` (a sentence-transformers folder) onto `device`.
-    pub fn load(dir: &Path, device: &Device, max_seq_len: usize, batch_size: usize) -> Result<BertEmbedder> {
+    pub fn load(
+        dir: &Path,
+        device: &Device,
+        max_seq_len: usize,
+        batch_size: usize,
+    ) -> Result<BertEmbedder> {
         let file = |name: &str| -> Result<PathBuf> {
             let p = dir.join(name);
             if p.is_file() {
@@ -172,16 +178,34 @@ impl BertEmbedder {
             message,
         };
         let cfg_path = file("config.json")?;
-        let cfg_text = std::fs::read_to_string(&cfg_path).map_err(SearchError::io("read", &cfg_path))?;
-        let cfg: BertConfig = serde_json::from_str(&cfg_text).map_err(|e| err(&cfg_path, e.to_string()))?;
+        let cfg_text =
+            std::fs::read_to_string(&cfg_path).map_err(SearchError::io("read", &cfg_path))?;
+        let cfg: BertConfig =
+            serde_json::from_str(&cfg_text).map_err(|e| err(&cfg_path, e.to_string()))?;
         if !matches!(cfg.hidden_act.as_str(), "gelu" | "gelu_python") {
-            return Err(err(&cfg_path, format!("`hidden_act` = `{}` is not supported (gelu only)", cfg.hidden_act)));
+            return Err(err(
+                &cfg_path,
+                format!(
+                    "`hidden_act` = `{}` is not supported (gelu only)",
+                    cfg.hidden_act
+                ),
+            ));
         }
-        if cfg.position_embedding_type.as_deref().is_some_and(|p| p != "absolute") {
-            return Err(err(&cfg_path, "`position_embedding_type` must be `absolute`".into()));
+        if cfg
+            .position_embedding_type
+            .as_deref()
+            .is_some_and(|p| p != "absolute")
+        {
+            return Err(err(
+                &cfg_path,
+                "`position_embedding_type` must be `absolute`".into(),
+            ));
         }
         if cfg.num_attention_heads == 0 || cfg.hidden_size % cfg.num_attention_heads != 0 {
-            return Err(err(&cfg_path, "`hidden_size` must be a multiple of `num_attention_heads`".into()));
+            return Err(err(
+                &cfg_path,
+                "`hidden_size` must be a multiple of `num_attention_heads`".into(),
+            ));
         }
         let weights = file("model.safetensors")?;
         let bytes = std::fs::read(&weights).map_err(SearchError::io("read", &weights))?;
@@ -199,7 +223,8 @@ impl BertEmbedder {
         let model = Bert::new(&cfg, vb).map_err(|e| err(&weights, e.to_string()))?;
 
         let tok_path = file("tokenizer.json")?;
-        let mut tokenizer = Tokenizer::from_file(&tok_path).map_err(|e| err(&tok_path, e.to_string()))?;
+        let mut tokenizer =
+            Tokenizer::from_file(&tok_path).map_err(|e| err(&tok_path, e.to_string()))?;
         let max_seq_len = max_seq_len.min(cfg.max_position_embeddings);
         tokenizer.with_padding(None);
         tokenizer
@@ -212,7 +237,10 @@ impl BertEmbedder {
         if vocab > cfg.vocab_size {
             return Err(err(
                 &tok_path,
-                format!("tokenizer has {vocab} tokens but the model's vocab_size is {}", cfg.vocab_size),
+                format!(
+                    "tokenizer has {vocab} tokens but the model's vocab_size is {}",
+                    cfg.vocab_size
+                ),
             ));
         }
         Ok(BertEmbedder {
@@ -233,7 +261,9 @@ impl BertEmbedder {
         let mut mask = vec![0f32; b * t];
         for (i, row) in ids.iter().enumerate() {
             flat[i * t..i * t + row.len()].copy_from_slice(row);
-            mask[i * t..i * t + row.len()].iter_mut().for_each(|m| *m = 1.0);
+            mask[i * t..i * t + row.len()]
+                .iter_mut()
+                .for_each(|m| *m = 1.0);
         }
         let ids_t = Tensor::from_vec(flat, (b, t), &self.device)?;
         let mask_t = Tensor::from_vec(mask, (b, t), &self.device)?;

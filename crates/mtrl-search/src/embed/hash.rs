@@ -33,7 +33,10 @@ impl HashEmbedder {
         {
             let w = word.to_lowercase();
             self.add(&mut v, w.as_bytes(), 1.0);
-            let padded: Vec<char> = std::iter::once('#').chain(w.chars()).chain(std::iter::once('#')).collect();
+            let padded: Vec<char> = std::iter::once('#')
+                .chain(w.chars())
+                .chain(std::iter::once('#'))
+                .collect();
             for tri in padded.windows(3) {
                 let s: String = tri.iter().collect();
                 let mut key = b"3:".to_vec();
@@ -89,7 +92,13 @@ mod tests {
     #[test]
     fn unit_length_deterministic_and_similarity_ordered() {
         let e = HashEmbedder::new(256);
-        let v = e.embed(&["supersonic wing flutter", "flutter of supersonic wings", "heat transfer"]).unwrap();
+        let v = e
+            .embed(&[
+                "supersonic wing flutter",
+                "flutter of supersonic wings",
+                "heat transfer",
+            ])
+            .unwrap();
         for x in &v {
             assert!((cos(x, x) - 1.0).abs() < 1e-5);
         }

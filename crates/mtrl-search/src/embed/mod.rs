@@ -48,9 +48,8 @@ pub fn device(spec: &str) -> Result<candle_core::Device> {
             .and_then(|n| n.parse().ok())
             .ok_or_else(|| SearchError::InvalidArgument(format!("unknown device `{s}`")))?,
     };
-    candle_core::Device::new_cuda(ordinal).map_err(|e| {
-        SearchError::InvalidArgument(format!("device `{spec}` is not available: {e}"))
-    })
+    candle_core::Device::new_cuda(ordinal)
+        .map_err(|e| SearchError::InvalidArgument(format!("device `{spec}` is not available: {e}")))
 }
 
 /// Lower-case hex of bytes (digests).
@@ -89,7 +88,10 @@ mod tests {
     #[test]
     fn device_strings() {
         assert!(matches!(device("cpu").unwrap(), candle_core::Device::Cpu));
-        assert!(device("tpu").unwrap_err().to_string().contains("unknown device"));
+        assert!(device("tpu")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown device"));
         #[cfg(not(feature = "cuda"))]
         assert!(device("cuda:0").unwrap_err().to_string().contains("cuda:0"));
     }

@@ -1,0 +1,11 @@
+//! One module per subcommand, plus shared helpers.
+
+pub mod bench_model;
+pub mod bench_search;
+pub mod common;
+pub mod demo;
+pub mod generate;
+pub mod index;
+pub mod logprobs;
+pub mod search;
+pub mod search_eval;

@@ -1,0 +1,63 @@
+//! `mtrl`: the command-line front end. Thin by design: each subcommand parses its arguments, loads
+//! and validates the config, calls into the library crates and prints. Errors are printed with
+//! their whole cause chain and exit code 1 (ripgrep style); nothing here holds domain logic.
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "mtrl", version, about = "Multi-turn RL for LLM search agents", long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the default job on the embedded demo config (what `mtrl` with no command does).
+    Demo(cmd::demo::DemoArgs),
+    /// Build (or reuse) the BM25 and vector indexes of the corpus named in the config.
+    Index(cmd::index::IndexArgs),
+    /// Query one of the search tools and print ranked hits.
+    Search(cmd::search::SearchArgs),
+    /// Score both search tools on a query set with relevance judgments (nDCG@10, recall@100, MRR@10).
+    SearchEval(cmd::search_eval::SearchEvalArgs),
+    /// Generate text with a policy checkpoint.
+    Generate(cmd::generate::GenerateArgs),
+    /// Print the per-token log-probs of a token sequence as JSON.
+    Logprobs(cmd::logprobs::LogprobsArgs),
+    /// Benchmarks that print JSON.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// Index build speed, query throughput and latency, and HNSW recall against exact search.
+    Search(cmd::bench_search::BenchSearchArgs),
+    /// Prefill, decode and training throughput of the policy model.
+    Model(cmd::bench_model::BenchModelArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        None => cmd::demo::run(&cmd::demo::DemoArgs::default()),
+        Some(Command::Demo(a)) => cmd::demo::run(&a),
+        Some(Command::Index(a)) => cmd::index::run(&a),
+        Some(Command::Search(a)) => cmd::search::run(&a),
+        Some(Command::SearchEval(a)) => cmd::search_eval::run(&a),
+        Some(Command::Generate(a)) => cmd::generate::run(&a),
+        Some(Command::Logprobs(a)) => cmd::logprobs::run(&a),
+        Some(Command::Bench(BenchCommand::Search(a))) => cmd::bench_search::run(&a),
+        Some(Command::Bench(BenchCommand::Model(a))) => cmd::bench_model::run(&a),
+    };
+    if let Err(err) = result {
+        eprintln!("error: {err}");
+        for cause in err.chain().skip(1) {
+            eprintln!("  caused by: {cause}");
+        }
+        std::process::exit(1);
+    }
+}
