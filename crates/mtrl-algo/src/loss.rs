@@ -1,0 +1,162 @@
+//! Per-token policy losses (before masking and aggregation).
+//!
+//! With ratio r = exp(logp − logp_old) and advantage A (per sequence, broadcast over tokens):
+//! - `ppo`: l = −min(r·A, clip(r, 1−ε_low, 1+ε_high)·A); with `dual_clip = c` (c > 1) and A < 0,
+//!   l = min(l, −c·A) (dual-clip PPO). Where the clipped term is the smaller one, the gradient is
+//!   0; that choice is made explicitly with a mask rather than left to `minimum`'s tie rule, so
+//!   inside the trust region the gradient is exactly −A·r·∇logp (never doubled).
+//! - `cispo`: w = sg(min(r, 1+ε_high)) (no lower clip); l = −w·A·logp (MiniMax-M1). The value
+//!   depends on logp itself; the gradient is the PPO gradient with a clipped IS weight that never
+//!   vanishes.
+//! - `is`: truncated importance-sampled policy gradient: l = −A·min(r, C), the gradient flowing
+//!   through r only where r < C.
+//!
+//! Behaviour correction (rollout/learner mismatch, stale samples): when the behaviour log-probs
+//! (the ones the rollout engine sampled with) are given and differ from `logp_old` (the proximal
+//! policy, recomputed by the learner), every per-token loss is multiplied by
+//! w = sg(min(exp(logp_old − logp_behaviour), C)) — truncated IS (TIS), which with a recomputed
+//! proximal policy is decoupled PPO.
+
+use candle_core::{DType, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{AlgoError, Result};
+
+/// A policy loss, picked by name in the config.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum PolicyLoss {
+    Ppo {
+        clip_low: f64,
+        clip_high: f64,
+        dual_clip: Option<f64>,
+    },
+    Cispo {
+        clip_high: f64,
+    },
+    Is {
+        cap: f64,
+    },
+}
+
+/// Tensors of one (micro-)batch. All `[B, T]` except `advantages` (`[B]`).
+pub struct LossInputs<'a> {
+    /// Current policy log-probs, on the autograd graph.
+    pub logp: &'a Tensor,
+    /// Proximal / old policy log-probs (no gradient).
+    pub logp_old: &'a Tensor,
+    /// Behaviour log-probs reported by the rollout engine, with the truncation cap C.
+    pub behaviour: Option<(&'a Tensor, f64)>,
+    pub advantages: &'a Tensor,
+    /// 1 on tokens that count (policy-sampled), 0 elsewhere.
+    pub mask: &'a Tensor,
+}
+
+/// Per-token loss plus the diagnostics the learner logs.
+pub struct LossOutput {
+    /// `[B, T]`, not yet masked.
+    pub per_token: Tensor,
+    /// Number of masked tokens whose objective was clipped (PPO) or capped (CISPO, IS).
+    pub clipped_tokens: f64,
+    /// Sum of the behaviour-correction weights over masked tokens (0 without correction).
+    pub behaviour_weight_sum: f64,
+}
+
+fn mask_sum(t: &Tensor, mask: &Tensor) -> Result<f64> {
+    Ok(t.to_dtype(mask.dtype())?
+        .mul(mask)?
+        .sum_all()?
+        .to_dtype(DType::F64)?
+        .to_scalar::<f64>()?)
+}
+
+/// The per-token loss of `loss` on `x`.
+pub fn per_token_loss(loss: PolicyLoss, x: &LossInputs<'_>) -> Result<LossOutput> {
+    let (b, t) = x.logp.dims2()?;
+    for (name, tensor) in [("logp_old", x.logp_old), ("mask", x.mask)] {
+        if tensor.dims() != [b, t] {
+            return Err(AlgoError::Invalid(format!(
+                "{name} has shape {:?}, expected [{b}, {t}]",
+                tensor.dims()
+            )));
+        }
+    }
+    if x.advantages.dims() != [b] {
+        return Err(AlgoError::Invalid(format!(
+            "advantages have shape {:?}, expected [{b}]",
+            x.advantages.dims()
+        )));
+    }
+    let dtype = x.logp.dtype();
+    let adv = x
+        .advantages
+        .to_dtype(dtype)?
+        .unsqueeze(1)?
+        .broadcast_as((b, t))?;
+    let old = x.logp_old.detach();
+    let ratio = (x.logp - &old)?.exp()?;
+    let (per_token, clipped) = match loss {
+        PolicyLoss::Ppo {
+            clip_low,
+            clip_high,
+            dual_clip,
+        } => {
+            let surr1 = ratio.mul(&adv)?;
+            let surr2 = ratio
+                .detach()
+                .clamp(1.0 - clip_low, 1.0 + clip_high)?
+                .mul(&adv)?;
+            // Clipped where the clipped surrogate is strictly smaller: no gradient there.
+            let clipped = surr1.gt(&surr2)?.to_dtype(dtype)?;
+            let keep = clipped.affine(-1.0, 1.0)?;
+            let mut l = (surr1.mul(&keep)? + surr2.mul(&clipped)?)?.neg()?;
+            if let Some(c) = dual_clip {
+                if c <= 1.0 {
+                    return Err(AlgoError::Invalid(format!(
+                        "dual_clip must be > 1, got {c}"
+                    )));
+                }
+                // For A < 0 the loss is capped at −c·A (a constant: no gradient beyond it).
+                let cap = adv.affine(-c, 0.0)?;
+                let neg_adv = adv.lt(0.0)?.to_dtype(dtype)?;
+                let over = l.gt(&cap)?.to_dtype(dtype)?.mul(&neg_adv)?;
+                l = (l.mul(&over.affine(-1.0, 1.0)?)? + cap.mul(&over)?)?;
+            }
+            let n = mask_sum(&clipped, x.mask)?;
+            (l, n)
+        }
+        PolicyLoss::Cispo { clip_high } => {
+            let r = ratio.detach();
+            let w = r.clamp(f64::MIN, 1.0 + clip_high)?;
+            let capped = r.gt(1.0 + clip_high)?;
+            let l = w.mul(&adv)?.mul(x.logp)?.neg()?;
+            (l, mask_sum(&capped, x.mask)?)
+        }
+        PolicyLoss::Is { cap } => {
+            let over = ratio.detach().ge(cap)?.to_dtype(dtype)?;
+            let capped_ratio = (ratio.mul(&over.affine(-1.0, 1.0)?)? + over.affine(cap, 0.0)?)?;
+            let l = capped_ratio.mul(&adv)?.neg()?;
+            (l, mask_sum(&over, x.mask)?)
+        }
+    };
+    let (per_token, weight_sum) = match x.behaviour {
+        None => (per_token, 0.0),
+        Some((behaviour, c)) => {
+            if behaviour.dims() != [b, t] {
+                return Err(AlgoError::Invalid(format!(
+                    "behaviour log-probs have shape {:?}",
+                    behaviour.dims()
+                )));
+            }
+            let w = (&old - behaviour.to_dtype(dtype)?.detach())?
+                .exp()?
+                .clamp(f64::MIN, c)?;
+            let sum = mask_sum(&w, x.mask)?;
+            (per_token.mul(&w)?, sum)
+        }
+    };
+    Ok(LossOutput {
+        per_token,
+        clipped_tokens: clipped,
+        behaviour_weight_sum: weight_sum,
+    })
+}
