@@ -1,0 +1,60 @@
+//! `mtrl-model`: the policy of mtrl — a Qwen2/Qwen3 causal LM on candle, served for rollouts and
+//! trained by the learner.
+//!
+//! Why not candle-transformers' Qwen: it returns only the last position's logits and hides
+//! `lm_head`, while RL needs (a) every sampled token's log-prob during generation and (b) every
+//! position's log-prob with gradients during training. So this crate owns the decoder
+//! ([`transformer`]), exposes every parameter as a `Var` under its Hugging Face name ([`policy`]),
+//! and builds two consumers on it:
+//!
+//! - the **generation engine** ([`engine`]): one batched decode loop, per-sequence KV caches,
+//!   sequences joining and leaving between steps, seeded sampling ([`sampler`]), each token tagged
+//!   with its log-prob and the policy version that sampled it;
+//! - the **training forward** ([`logprobs`]): next-token log-probs of a padded batch with exact
+//!   gradients, computed in vocabulary chunks so `[B, T, V]` logits never exist at once.
+//!
+//! Around them: HF checkpoint IO ([`checkpoint`], [`config`]), the tokenizer and a Python-compatible
+//! chat-template renderer ([`tokenizer`], [`chat_template`]), and a throughput bench ([`bench`]).
+//!
+//! Invariants: the reported log-prob of a sampled token is `log_softmax(logits / T)[token]` before
+//! truncation, the same quantity the learner computes; weights are only replaced between decode
+//! steps; unsupported checkpoints are refused at load, never approximated.
+
+pub mod bench;
+pub mod chat_template;
+pub mod checkpoint;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod kv_cache;
+pub mod logprobs;
+pub mod policy;
+pub mod sampler;
+pub mod tokenizer;
+pub mod transformer;
+
+pub use chat_template::{ChatOptions, ChatTemplate};
+pub use config::{parse_device, parse_dtype, Config, Family, GenerationConfig};
+pub use engine::{
+    Completion, Engine, FinishReason, GenerationRequest, SampledToken, SeqId, StepOutput,
+};
+pub use error::{ModelError, Result};
+pub use kv_cache::KvCache;
+pub use logprobs::{logprobs_and_grads, token_logprobs, TokenLogprobs};
+pub use policy::{left_padding_positions, Policy};
+pub use sampler::{Sampled, SamplingParams};
+pub use tokenizer::Tokenizer;
+
+use std::path::Path;
+
+/// Loads policy + tokenizer from an HF checkpoint folder and checks that they fit each other.
+pub fn load_pretrained(
+    dir: &Path,
+    dtype: candle_core::DType,
+    device: &candle_core::Device,
+) -> Result<(Policy, Tokenizer)> {
+    let policy = Policy::load(dir, dtype, device)?;
+    let tok = Tokenizer::from_dir(dir)?;
+    tok.check_vocab(policy.config().vocab_size)?;
+    Ok((policy, tok))
+}

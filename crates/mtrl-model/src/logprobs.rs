@@ -1,0 +1,212 @@
+//! Per-token log-probabilities of the next token, for the learner (with gradients) and for scoring.
+//!
+//! `logp[b, t] = log_softmax(logits[b, t] / T)[ids[b, t+1]]`, shape `[b, t_len - 1]`, valid where
+//! `mask[b, t] == mask[b, t+1] == 1` (0 elsewhere). `T` is the sampling temperature: this is the
+//! same distribution the generation engine reports its log-probs under (see `engine`).
+//!
+//! Memory: full-vocabulary logits are never held for the whole batch. The decoder runs once with
+//! autograd up to the final hidden states `h` (`[rows, hidden]`, only valid rows kept); the
+//! vocabulary projection + log-softmax run in row chunks of at most `chunk_elems` logits, without
+//! a graph. `backward(dL/dlogp)` recomputes each chunk's logits and forms the exact gradients
+//! `dL/dz = g · (onehot − softmax(z/T)) / T`, `dL/dh = dL/dz · W`, `dL/dW = dL/dzᵀ · h`, then
+//! backpropagates the surrogate `Σ h·stopgrad(dL/dh) + Σ W·stopgrad(dL/dW)` through the decoder,
+//! which yields the true gradient of every parameter (the tied embedding receives both uses).
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Tensor, Var, D};
+
+use crate::error::{ModelError, Result};
+use crate::policy::Policy;
+
+/// Default budget of logits materialised at once (32 Mi f32 = 128 MiB).
+pub const DEFAULT_CHUNK_ELEMS: usize = 1 << 25;
+
+/// The result of a training forward; call [`TokenLogprobs::backward`] with `dL/dlogp`.
+pub struct TokenLogprobs {
+    /// `[b, t_len - 1]` f32, no graph; 0 where invalid.
+    pub logprobs: Tensor,
+    /// `[b, t_len - 1]` f32, 1 where the log-prob is defined.
+    pub valid_mask: Tensor,
+    hidden: Tensor,
+    lm_head: Tensor,
+    rows: Vec<u32>,
+    targets: Vec<u32>,
+    temperature: f64,
+    chunk_rows: usize,
+    shape: (usize, usize),
+}
+
+fn chunk_log_softmax(h: &Tensor, w: &Tensor, temperature: f64) -> Result<Tensor> {
+    let z = h.matmul(&w.t()?)?.to_dtype(DType::F32)?;
+    let z = if temperature == 1.0 {
+        z
+    } else {
+        (z / temperature)?
+    };
+    Ok(candle_nn::ops::log_softmax(&z, D::Minus1)?)
+}
+
+/// Runs the forward for `ids` `[b, t]` with `attention_mask` `[b, t]` (right padding, positions
+/// `0..t`). `differentiable` selects the training view (graph recorded) or the inference view.
+pub fn token_logprobs(
+    policy: &Policy,
+    ids: &Tensor,
+    attention_mask: Option<&Tensor>,
+    temperature: f64,
+    differentiable: bool,
+    chunk_elems: usize,
+) -> Result<TokenLogprobs> {
+    if !(temperature > 0.0 && temperature.is_finite()) {
+        return Err(ModelError::InvalidArgument(format!(
+            "temperature must be > 0, got {temperature}"
+        )));
+    }
+    let model = if differentiable {
+        policy.training()
+    } else {
+        policy.inference()
+    };
+    let (b, t) = ids.dims2()?;
+    if t < 2 {
+        return Err(ModelError::InvalidArgument(
+            "need at least 2 tokens per row for next-token log-probs".into(),
+        ));
+    }
+    let (hidden, mask) = policy.hidden(model, ids, attention_mask, None)?;
+    let id_rows = ids.to_dtype(DType::U32)?.to_vec2::<u32>()?;
+    let mut rows = Vec::new();
+    let mut targets = Vec::new();
+    let mut valid = vec![0f32; b * (t - 1)];
+    for bi in 0..b {
+        for ti in 0..t - 1 {
+            if mask[bi][ti] == 1 && mask[bi][ti + 1] == 1 {
+                rows.push((bi * t + ti) as u32);
+                targets.push(id_rows[bi][ti + 1]);
+                valid[bi * (t - 1) + ti] = 1.0;
+            }
+        }
+    }
+    let dev = policy.device().clone();
+    let hsize = hidden.dim(D::Minus1)?;
+    let flat = hidden.reshape((b * t, hsize))?;
+    let row_idx = Tensor::from_slice(&rows, rows.len(), &dev)?;
+    let hidden = if rows.is_empty() {
+        flat.narrow(0, 0, 0)?
+    } else {
+        flat.index_select(&row_idx, 0)?
+    };
+    let lm_head = model.lm_head().clone();
+    let vocab = lm_head.dim(0)?;
+    let chunk_rows = (chunk_elems / vocab.max(1)).max(1);
+    let hd = hidden.detach();
+    let wd = lm_head.detach();
+    let mut values = vec![0f32; b * (t - 1)];
+    let mut start = 0;
+    while start < rows.len() {
+        let n = chunk_rows.min(rows.len() - start);
+        let lsm = chunk_log_softmax(&hd.narrow(0, start, n)?, &wd, temperature)?;
+        let tgt = Tensor::from_slice(&targets[start..start + n], (n, 1), &dev)?;
+        let picked = lsm.gather(&tgt, 1)?.squeeze(1)?.to_vec1::<f32>()?;
+        for (i, v) in picked.into_iter().enumerate() {
+            let r = rows[start + i] as usize;
+            let (bi, ti) = (r / t, r % t);
+            values[bi * (t - 1) + ti] = v;
+        }
+        start += n;
+    }
+    Ok(TokenLogprobs {
+        logprobs: Tensor::from_vec(values, (b, t - 1), &dev)?,
+        valid_mask: Tensor::from_vec(valid, (b, t - 1), &dev)?,
+        hidden,
+        lm_head,
+        rows,
+        targets,
+        temperature,
+        chunk_rows,
+        shape: (b, t),
+    })
+}
+
+impl TokenLogprobs {
+    /// Gradients of every parameter given `grad` = dL/dlogp `[b, t_len - 1]` (invalid entries are
+    /// ignored). Requires a forward with `differentiable = true`.
+    pub fn backward(&self, grad: &Tensor) -> Result<GradStore> {
+        let (b, t) = self.shape;
+        if grad.dims() != [b, t - 1] {
+            return Err(ModelError::InvalidArgument(format!(
+                "gradient has shape {:?}, expected [{b}, {}]",
+                grad.dims(),
+                t - 1
+            )));
+        }
+        let dev = self.hidden.device().clone();
+        let g_all = grad
+            .to_dtype(DType::F32)?
+            .to_device(&dev)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let g_rows: Vec<f32> = self
+            .rows
+            .iter()
+            .map(|&r| {
+                let (bi, ti) = (r as usize / t, r as usize % t);
+                g_all[bi * (t - 1) + ti]
+            })
+            .collect();
+        let wd = self.lm_head.detach();
+        let hd = self.hidden.detach();
+        let wdt = wd.dtype();
+        let vocab = wd.dim(0)?;
+        let mut dh_chunks = Vec::new();
+        let mut dw = Tensor::zeros(wd.dims(), DType::F32, &dev)?;
+        let mut start = 0;
+        while start < self.rows.len() {
+            let n = self.chunk_rows.min(self.rows.len() - start);
+            let hc = hd.narrow(0, start, n)?;
+            let p = chunk_log_softmax(&hc, &wd, self.temperature)?.exp()?;
+            let tgt = Tensor::from_slice(&self.targets[start..start + n], n, &dev)?;
+            let onehot = candle_nn::encoding::one_hot(tgt, vocab, 1f32, 0f32)?;
+            let g = Tensor::from_slice(&g_rows[start..start + n], (n, 1), &dev)?;
+            let dz = ((onehot - p)?.broadcast_mul(&g)? / self.temperature)?;
+            dh_chunks.push(dz.to_dtype(wdt)?.matmul(&wd)?);
+            dw = (dw + dz.t()?.matmul(&hc.to_dtype(DType::F32)?)?)?;
+            start += n;
+        }
+        let mut surrogate = (self.lm_head.to_dtype(DType::F32)? * dw)?.sum_all()?;
+        if !dh_chunks.is_empty() {
+            let dh = Tensor::cat(&dh_chunks, 0)?.detach();
+            let sh = (self.hidden.to_dtype(DType::F32)? * dh.to_dtype(DType::F32)?)?.sum_all()?;
+            surrogate = (surrogate + sh)?;
+        }
+        Ok(surrogate.backward()?)
+    }
+}
+
+/// Training forward + backward through an arbitrary loss of the log-probs: `loss_fn` receives a
+/// `[b, t_len - 1]` tensor that records gradients and returns a scalar loss. Returns the loss value,
+/// the log-probs and the parameter gradients.
+pub fn logprobs_and_grads(
+    policy: &Policy,
+    ids: &Tensor,
+    attention_mask: Option<&Tensor>,
+    temperature: f64,
+    loss_fn: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
+) -> Result<(f32, TokenLogprobs, GradStore)> {
+    let fwd = token_logprobs(
+        policy,
+        ids,
+        attention_mask,
+        temperature,
+        true,
+        DEFAULT_CHUNK_ELEMS,
+    )?;
+    let lp = Var::from_tensor(&fwd.logprobs)?;
+    let loss = loss_fn(lp.as_tensor())?;
+    let value = loss.to_dtype(DType::F32)?.to_scalar::<f32>()?;
+    let g = match loss.backward()?.get(lp.as_tensor()) {
+        Some(g) => g.clone(),
+        None => lp.as_tensor().zeros_like()?,
+    };
+    let grads = fwd.backward(&g)?;
+    Ok((value, fwd, grads))
+}

@@ -1,0 +1,426 @@
+//! The Qwen2/Qwen3 decoder, written once for both families.
+//!
+//! embedding → N × [RMSNorm → attention (q/k/v proj, + bias for Qwen2, per-head q/k RMSNorm for
+//! Qwen3, RoPE with `rotate_half`, GQA, causal + padding mask) → o_proj → residual → RMSNorm →
+//! SwiGLU MLP → residual] → RMSNorm → `lm_head` (tied to the embedding when configured).
+//!
+//! Why one file instead of candle's one-file-per-model: the two families differ in exactly two
+//! switches (`attention_bias`, q/k norm), both read from `Config`; two copies of the same 400 lines
+//! would be two places for the same bug. `qwen2.rs`/`qwen3.rs` would hold nothing but those flags.
+//!
+//! Two numerical paths share the weights: the inference path (`differentiable == false`) uses
+//! candle's fused CPU/CUDA kernels (RMSNorm, RoPE, softmax), which have no backward; the training
+//! path spells the same maths in elementary differentiable ops. Both are checked against the
+//! PyTorch goldens. GQA never materialises repeated keys: the query heads of one KV group are folded
+//! into the row dimension of one matmul.
+
+use candle_core::{DType, Device, Module, Result, Tensor, D};
+
+use crate::config::{Config, Family};
+use crate::kv_cache::KvCache;
+
+/// Weight lookup used while building the model: `(HF name, expected shape)` → tensor.
+pub type WeightFn<'a> = dyn Fn(&str, &[usize]) -> crate::error::Result<Tensor> + 'a;
+
+#[derive(Debug, Clone)]
+struct Linear {
+    w: Tensor,
+    b: Option<Tensor>,
+}
+
+impl Linear {
+    fn load(
+        get: &WeightFn,
+        name: &str,
+        out: usize,
+        inp: usize,
+        bias: bool,
+    ) -> crate::error::Result<Self> {
+        Ok(Self {
+            w: get(&format!("{name}.weight"), &[out, inp])?,
+            b: if bias {
+                Some(get(&format!("{name}.bias"), &[out])?)
+            } else {
+                None
+            },
+        })
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dims = x.dims().to_vec();
+        let inp = dims[dims.len() - 1];
+        let rows = x.elem_count() / inp;
+        let y = x.reshape((rows, inp))?.matmul(&self.w.t()?)?;
+        let y = match &self.b {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        };
+        let mut out = dims;
+        let last = out.len() - 1;
+        out[last] = self.w.dim(0)?;
+        y.reshape(out)
+    }
+}
+
+fn rms_norm(x: &Tensor, w: &Tensor, eps: f64, differentiable: bool) -> Result<Tensor> {
+    if !differentiable {
+        return candle_nn::ops::rms_norm(&x.contiguous()?, w, eps as f32);
+    }
+    let dtype = x.dtype();
+    let x = x.to_dtype(DType::F32)?;
+    let var = x.sqr()?.mean_keepdim(D::Minus1)?;
+    let normed = x.broadcast_div(&(var + eps)?.sqrt()?)?;
+    normed.to_dtype(dtype)?.broadcast_mul(w)
+}
+
+/// Softmax over the last dimension; the max is detached (it cancels in the gradient).
+fn softmax(x: &Tensor, differentiable: bool) -> Result<Tensor> {
+    if !differentiable {
+        return candle_nn::ops::softmax_last_dim(&x.contiguous()?);
+    }
+    let m = x.max_keepdim(D::Minus1)?.detach();
+    let e = x.broadcast_sub(&m)?.exp()?;
+    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+}
+
+#[derive(Debug, Clone)]
+struct Layer {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
+    input_ln: Tensor,
+    post_ln: Tensor,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+/// RoPE tables, `[max_positions, head_dim / 2]`.
+#[derive(Debug, Clone)]
+struct Rope {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Rope {
+    fn new(cfg: &Config, dtype: DType, dev: &Device) -> Result<Self> {
+        let half = cfg.head_dim / 2;
+        // As transformers: inv_freq in f32, angle = f32(pos) * inv_freq in f32, then cos/sin.
+        let inv: Vec<f32> = (0..half)
+            .map(|i| (1.0 / cfg.rope_theta.powf((2 * i) as f64 / cfg.head_dim as f64)) as f32)
+            .collect();
+        let n = cfg.max_position_embeddings;
+        let mut cos = Vec::with_capacity(n * half);
+        let mut sin = Vec::with_capacity(n * half);
+        for p in 0..n {
+            for f in &inv {
+                let a = (p as f32 * f) as f64;
+                cos.push(a.cos() as f32);
+                sin.push(a.sin() as f32);
+            }
+        }
+        Ok(Self {
+            cos: Tensor::from_vec(cos, (n, half), dev)?.to_dtype(dtype)?,
+            sin: Tensor::from_vec(sin, (n, half), dev)?.to_dtype(dtype)?,
+        })
+    }
+
+    /// cos/sin for flat positions, shaped `[b, t, head_dim/2]`.
+    fn gather(&self, positions: &Tensor) -> Result<(Tensor, Tensor)> {
+        let (b, t) = positions.dims2()?;
+        let flat = positions.flatten_all()?;
+        let cos = self.cos.index_select(&flat, 0)?;
+        let half = cos.dim(1)?;
+        let sin = self.sin.index_select(&flat, 0)?;
+        Ok((cos.reshape((b, t, half))?, sin.reshape((b, t, half))?))
+    }
+}
+
+/// `x`: `[b, h, t, d]`; `cos`/`sin`: `[b, t, d/2]`.
+fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor, differentiable: bool) -> Result<Tensor> {
+    if !differentiable {
+        return candle_nn::rotary_emb::rope(&x.contiguous()?, cos, sin);
+    }
+    let d = x.dim(D::Minus1)?;
+    let cos = Tensor::cat(&[cos, cos], D::Minus1)?.unsqueeze(1)?;
+    let sin = Tensor::cat(&[sin, sin], D::Minus1)?.unsqueeze(1)?;
+    let x1 = x.narrow(D::Minus1, 0, d / 2)?;
+    let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
+    let rot = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
+    x.broadcast_mul(&cos)? + rot.broadcast_mul(&sin)?
+}
+
+/// The decoder with its weights. Cheap to clone (tensors are reference counted).
+#[derive(Debug, Clone)]
+pub struct Transformer {
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    lm_head: Tensor,
+    rope: Rope,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    eps: f64,
+    max_positions: usize,
+    differentiable: bool,
+}
+
+impl Transformer {
+    /// Builds the decoder from HF-named weights. `differentiable` selects the training path.
+    pub fn new(
+        cfg: &Config,
+        get: &WeightFn,
+        dtype: DType,
+        dev: &Device,
+        differentiable: bool,
+    ) -> crate::error::Result<Self> {
+        let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
+        let (nh, nkv, hd) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        let bias = cfg.attention_bias;
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for i in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let qk_norm = cfg.family == Family::Qwen3;
+            layers.push(Layer {
+                q: Linear::load(get, &format!("{p}.self_attn.q_proj"), nh * hd, h, bias)?,
+                k: Linear::load(get, &format!("{p}.self_attn.k_proj"), nkv * hd, h, bias)?,
+                v: Linear::load(get, &format!("{p}.self_attn.v_proj"), nkv * hd, h, bias)?,
+                o: Linear::load(get, &format!("{p}.self_attn.o_proj"), h, nh * hd, false)?,
+                q_norm: if qk_norm {
+                    Some(get(&format!("{p}.self_attn.q_norm.weight"), &[hd])?)
+                } else {
+                    None
+                },
+                k_norm: if qk_norm {
+                    Some(get(&format!("{p}.self_attn.k_norm.weight"), &[hd])?)
+                } else {
+                    None
+                },
+                input_ln: get(&format!("{p}.input_layernorm.weight"), &[h])?,
+                post_ln: get(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+                gate: Linear::load(get, &format!("{p}.mlp.gate_proj"), inter, h, false)?,
+                up: Linear::load(get, &format!("{p}.mlp.up_proj"), inter, h, false)?,
+                down: Linear::load(get, &format!("{p}.mlp.down_proj"), h, inter, false)?,
+            });
+        }
+        let embed = get("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
+        let lm_head = if cfg.tie_word_embeddings {
+            embed.clone()
+        } else {
+            get("lm_head.weight", &[cfg.vocab_size, h])?
+        };
+        Ok(Self {
+            embed,
+            layers,
+            norm: get("model.norm.weight", &[h])?,
+            lm_head,
+            rope: Rope::new(cfg, dtype, dev)?,
+            heads: nh,
+            kv_heads: nkv,
+            head_dim: hd,
+            eps: cfg.rms_norm_eps,
+            max_positions: cfg.max_position_embeddings,
+            differentiable,
+        })
+    }
+
+    fn embed_ids(&self, ids: &Tensor) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        let h = self.embed.dim(1)?;
+        self.embed
+            .index_select(&ids.flatten_all()?, 0)?
+            .reshape((b, t, h))
+    }
+
+    /// The output projection `[vocab, hidden]` (the embedding itself when tied).
+    pub fn lm_head(&self) -> &Tensor {
+        &self.lm_head
+    }
+
+    /// Number of positions the RoPE tables cover.
+    pub fn max_positions(&self) -> usize {
+        self.max_positions
+    }
+
+    /// Projects hidden states `[.., hidden]` to logits `[.., vocab]`.
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        Linear {
+            w: self.lm_head.clone(),
+            b: None,
+        }
+        .forward(hidden)
+    }
+
+    /// q, k, v for `x` `[b, t, hidden]` at `positions` `[b, t]`, RoPE applied: `[b, heads, t, d]`.
+    fn qkv(&self, l: &Layer, x: &Tensor, positions: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        let (b, t, _) = x.dims3()?;
+        let dz = self.differentiable;
+        let q = l.q.forward(x)?.reshape((b, t, self.heads, self.head_dim))?;
+        let k =
+            l.k.forward(x)?
+                .reshape((b, t, self.kv_heads, self.head_dim))?;
+        let v =
+            l.v.forward(x)?
+                .reshape((b, t, self.kv_heads, self.head_dim))?;
+        let q = match &l.q_norm {
+            Some(w) => rms_norm(&q, w, self.eps, dz)?,
+            None => q,
+        };
+        let k = match &l.k_norm {
+            Some(w) => rms_norm(&k, w, self.eps, dz)?,
+            None => k,
+        };
+        let (cos, sin) = self.rope.gather(positions)?;
+        let q = apply_rope(&q.transpose(1, 2)?.contiguous()?, &cos, &sin, dz)?;
+        let k = apply_rope(&k.transpose(1, 2)?.contiguous()?, &cos, &sin, dz)?;
+        Ok((q, k, v.transpose(1, 2)?.contiguous()?))
+    }
+
+    /// Attention of `q` `[b, heads, t, d]` over `k`, `v` `[b, kv, s, d]` with an optional additive
+    /// mask `[b, 1, t, s]`; returns `[b, t, heads*d]`.
+    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+        let (b, _, t, d) = q.dims4()?;
+        let s = k.dim(2)?;
+        let rep = self.heads / self.kv_heads;
+        let q = q.contiguous()?.reshape((b, self.kv_heads, rep * t, d))?;
+        let scale = 1.0 / (d as f64).sqrt();
+        let scores = (q.matmul(&k.t()?)? * scale)?;
+        let scores = match mask {
+            Some(m) => scores
+                .reshape((b, self.kv_heads, rep, t, s))?
+                .broadcast_add(&m.unsqueeze(1)?)?
+                .reshape((b, self.kv_heads, rep * t, s))?,
+            None => scores,
+        };
+        let p = softmax(&scores, self.differentiable)?;
+        let out = p.matmul(v)?.reshape((b, self.heads, t, d))?;
+        out.transpose(1, 2)?.reshape((b, t, self.heads * d))
+    }
+
+    fn mlp(&self, l: &Layer, x: &Tensor) -> Result<Tensor> {
+        let h = rms_norm(x, &l.post_ln, self.eps, self.differentiable)?;
+        let g = l.gate.forward(&h)?.silu()?;
+        let u = l.up.forward(&h)?;
+        x + l.down.forward(&(g * u)?)?
+    }
+
+    /// Full forward over a padded batch, no cache. `ids`, `positions`: `[b, t]` u32;
+    /// `attention_mask`: `[b, t]` (1 = real token) or `None`. Returns final-normed hidden states
+    /// `[b, t, hidden]`; apply [`Self::logits`] (or the chunked log-prob path) to them.
+    pub fn forward_hidden(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        attention_mask: Option<&[Vec<u8>]>,
+    ) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        let mut x = self.embed_ids(ids)?;
+        let mask = causal_mask(b, t, attention_mask, x.dtype(), x.device())?;
+        for l in &self.layers {
+            let h = rms_norm(&x, &l.input_ln, self.eps, self.differentiable)?;
+            let (q, k, v) = self.qkv(l, &h, positions)?;
+            let a = self.attend(&q, &k, &v, Some(&mask))?;
+            x = (x + l.o.forward(&a)?)?;
+            x = self.mlp(l, &x)?;
+        }
+        rms_norm(&x, &self.norm, self.eps, self.differentiable)
+    }
+
+    /// Runs `ids` (`[1, t]`) of one sequence through the model, appending to its `cache`;
+    /// positions continue from `cache.len()`. Returns hidden states `[1, t, hidden]`.
+    pub fn forward_cached(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+        let (_, t) = ids.dims2()?;
+        let past = cache.len();
+        let dev = ids.device();
+        let positions = Tensor::arange(past as u32, (past + t) as u32, dev)?.unsqueeze(0)?;
+        let mut x = self.embed_ids(ids)?;
+        let mask = if t > 1 {
+            let mut m = vec![0f32; t * (past + t)];
+            for i in 0..t {
+                for j in (past + i + 1)..(past + t) {
+                    m[i * (past + t) + j] = mask_value(x.dtype());
+                }
+            }
+            Some(Tensor::from_vec(m, (1, 1, t, past + t), dev)?.to_dtype(x.dtype())?)
+        } else {
+            None
+        };
+        for (li, l) in self.layers.iter().enumerate() {
+            let h = rms_norm(&x, &l.input_ln, self.eps, self.differentiable)?;
+            let (q, k, v) = self.qkv(l, &h, &positions)?;
+            let (k, v) = cache.append(li, &k, &v)?;
+            let a = self.attend(&q, &k, &v, mask.as_ref())?;
+            x = (x + l.o.forward(&a)?)?;
+            x = self.mlp(l, &x)?;
+        }
+        rms_norm(&x, &self.norm, self.eps, self.differentiable)
+    }
+
+    /// One decode step for many sequences at once: `tokens[i]` is appended to `caches[i]`.
+    /// Projections and the MLP run batched; attention runs per sequence over its own cache.
+    /// Returns hidden states `[n, hidden]`.
+    pub fn decode_step(&self, tokens: &[u32], caches: &mut [&mut KvCache]) -> Result<Tensor> {
+        let n = tokens.len();
+        let dev = self.embed.device();
+        let ids = Tensor::from_slice(tokens, (n, 1), dev)?;
+        let pos: Vec<u32> = caches.iter().map(|c| c.len() as u32).collect();
+        let positions = Tensor::from_vec(pos, (n, 1), dev)?;
+        let mut x = self.embed_ids(&ids)?;
+        for (li, l) in self.layers.iter().enumerate() {
+            let h = rms_norm(&x, &l.input_ln, self.eps, self.differentiable)?;
+            let (q, k, v) = self.qkv(l, &h, &positions)?;
+            let mut outs = Vec::with_capacity(n);
+            for (i, cache) in caches.iter_mut().enumerate() {
+                let (kc, vc) = cache.append(li, &k.narrow(0, i, 1)?, &v.narrow(0, i, 1)?)?;
+                outs.push(self.attend(&q.narrow(0, i, 1)?, &kc, &vc, None)?);
+            }
+            let a = Tensor::cat(&outs, 0)?;
+            x = (x + l.o.forward(&a)?)?;
+            x = self.mlp(l, &x)?;
+        }
+        rms_norm(&x, &self.norm, self.eps, self.differentiable)?.squeeze(1)
+    }
+}
+
+/// A large finite negative number for masked scores: finite so that a fully masked row (a padding
+/// query) gives a uniform softmax instead of NaN, which would poison gradients through `0 · NaN`.
+fn mask_value(dtype: DType) -> f32 {
+    match dtype {
+        DType::F16 => -32752.0,
+        _ => -1.0e30,
+    }
+}
+
+/// Additive mask `[b, 1, t, t]`: 0 where key `j ≤ i` and `mask[b][j] == 1`, else `mask_value`.
+fn causal_mask(
+    b: usize,
+    t: usize,
+    attention_mask: Option<&[Vec<u8>]>,
+    dtype: DType,
+    dev: &Device,
+) -> Result<Tensor> {
+    let neg = mask_value(dtype);
+    let mut m = vec![0f32; b * t * t];
+    for bi in 0..b {
+        for i in 0..t {
+            for j in 0..t {
+                let valid =
+                    attention_mask.is_none_or(|am| am[bi].get(j).copied().unwrap_or(0) == 1);
+                if j > i || !valid {
+                    m[(bi * t + i) * t + j] = neg;
+                }
+            }
+        }
+    }
+    Tensor::from_vec(m, (b, 1, t, t), dev)?.to_dtype(dtype)
+}

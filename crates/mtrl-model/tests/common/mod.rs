@@ -1,0 +1,74 @@
+//! Shared helpers for the crate tests: fixture paths, golden tensors, comparisons, devices.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use candle_core::{DType, Device, Tensor};
+
+pub fn fixtures() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures"))
+}
+
+pub fn model_dir(kind: &str) -> PathBuf {
+    fixtures().join(format!("tiny-{kind}"))
+}
+
+pub fn golden(kind: &str) -> (HashMap<String, Tensor>, serde_json::Value) {
+    let dir = fixtures().join("golden").join(format!("tiny-{kind}"));
+    let t = candle_core::safetensors::load(dir.join("golden.safetensors"), &Device::Cpu).unwrap();
+    let j =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
+    (t, j)
+}
+
+/// Max |a - b| over entries where `mask` (same shape, or None) is nonzero.
+pub fn max_abs_diff(a: &Tensor, b: &Tensor, mask: Option<&Tensor>) -> f32 {
+    let a = a
+        .to_device(&Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap();
+    let b = b
+        .to_device(&Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap();
+    assert_eq!(a.dims(), b.dims(), "shape mismatch");
+    let a = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let b = b.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let m: Vec<f32> = match mask {
+        Some(m) => m
+            .to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap(),
+        None => vec![1.0; a.len()],
+    };
+    a.iter()
+        .zip(&b)
+        .zip(&m)
+        .filter(|(_, m)| **m != 0.0)
+        .map(|((x, y), _)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+pub fn ids_vec(t: &Tensor) -> Vec<u32> {
+    t.to_dtype(DType::U32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+/// Devices to run every `case` on: cpu, and cuda:0 with the `cuda` feature.
+pub fn devices() -> Vec<Device> {
+    #[allow(unused_mut)]
+    let mut d = vec![Device::Cpu];
+    #[cfg(feature = "cuda")]
+    d.push(Device::new_cuda(0).expect("cuda feature enabled but no cuda device"));
+    d
+}

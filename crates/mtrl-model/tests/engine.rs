@@ -1,0 +1,213 @@
+//! Generation engine behaviour: join/leave, seeding, log-prob consistency with the learner,
+//! weight updates and versions, stop conditions.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor};
+use common::*;
+use mtrl_model::{
+    token_logprobs, Engine, FinishReason, GenerationRequest, Policy, SamplingParams, Tokenizer,
+};
+
+fn policy(dev: &Device) -> Policy {
+    Policy::load(&model_dir("qwen3"), DType::F32, dev).unwrap()
+}
+
+fn req(prompt: Vec<u32>, n: usize, sampling: SamplingParams) -> GenerationRequest {
+    GenerationRequest {
+        prompt,
+        sampling,
+        max_new_tokens: n,
+        stop_token_ids: vec![],
+        stop_strings: vec![],
+    }
+}
+
+fn join_leave_and_batch_invariance(dev: &Device) {
+    let prompts: Vec<Vec<u32>> = vec![
+        vec![10, 20, 30],
+        vec![1992, 306, 263, 198, 559],
+        vec![7; 12],
+    ];
+    let lens = [2usize, 9, 5];
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .zip(lens)
+        .map(|(p, n)| {
+            Engine::new(policy(dev), None, 0, 1)
+                .generate(vec![req(p.clone(), n, SamplingParams::greedy())])
+                .unwrap()[0]
+                .tokens
+                .clone()
+        })
+        .collect();
+    let mut e = Engine::new(policy(dev), None, 0, 2);
+    let ids: Vec<u64> = prompts
+        .iter()
+        .zip(lens)
+        .map(|(p, n)| {
+            e.submit(req(p.clone(), n, SamplingParams::greedy()))
+                .unwrap()
+        })
+        .collect();
+    let mut active_per_step = Vec::new();
+    let mut done = HashMap::new();
+    while e.num_unfinished() > 0 {
+        let out = e.step().unwrap();
+        active_per_step.push(out.tokens.iter().map(|t| t.seq).collect::<Vec<_>>());
+        for c in out.finished {
+            assert_eq!(c.finish, FinishReason::Length);
+            done.insert(c.seq, c.tokens);
+        }
+    }
+    // seq 2 waits while two are active, joins right after seq 0 leaves (step 2), never holds seq 1 back
+    assert_eq!(active_per_step[0], vec![ids[0], ids[1]]);
+    assert_eq!(active_per_step[1], vec![ids[0], ids[1]]);
+    assert_eq!(active_per_step[2], vec![ids[1], ids[2]]);
+    assert_eq!(active_per_step.len(), 9);
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(done[id], alone[i], "sequence {i} differs in a batch");
+    }
+}
+
+fn seeds_and_logprob_consistency(dev: &Device) {
+    let prompt = vec![1992u32, 306, 263, 198, 559, 296, 220];
+    let sp = |seed| SamplingParams {
+        temperature: 0.7,
+        top_p: 0.95,
+        top_k: 20,
+        seed,
+    };
+    let mut e = Engine::new(policy(dev), None, 0, 8);
+    let out = e
+        .generate(vec![
+            req(prompt.clone(), 16, sp(1)),
+            req(prompt.clone(), 16, sp(2)),
+            req(prompt.clone(), 16, sp(1)),
+        ])
+        .unwrap();
+    assert_eq!(out[0].tokens, out[2].tokens, "same seed, same tokens");
+    assert_eq!(out[0].logprobs, out[2].logprobs);
+    assert_ne!(
+        out[0].tokens, out[1].tokens,
+        "different seeds should differ"
+    );
+    // the learner's log-probs at the same temperature reproduce the engine's
+    let p = policy(dev);
+    for c in &out {
+        let full: Vec<u32> = prompt.iter().chain(&c.tokens).copied().collect();
+        let ids = Tensor::from_slice(&full, (1, full.len()), dev).unwrap();
+        let lp = token_logprobs(&p, &ids, None, 0.7, false, 1 << 20).unwrap();
+        let lp: Vec<f32> = lp.logprobs.squeeze(0).unwrap().to_vec1().unwrap();
+        for (i, &want) in c.logprobs.iter().enumerate() {
+            let got = lp[prompt.len() - 1 + i];
+            assert!(
+                (got - want).abs() < 1e-4,
+                "token {i}: learner {got} vs engine {want}"
+            );
+        }
+    }
+}
+
+fn weight_update_tags_versions(dev: &Device) {
+    let mut e = Engine::new(policy(dev), None, 3, 4);
+    let id = e
+        .submit(req(vec![5, 6, 7, 8], 6, SamplingParams::greedy()))
+        .unwrap();
+    let mut tokens = Vec::new();
+    for _ in 0..2 {
+        tokens.extend(e.step().unwrap().tokens);
+    }
+    let norm = e.policy().named_parameters()["model.norm.weight"]
+        .as_tensor()
+        .detach();
+    let new = HashMap::from([("model.norm.weight".to_string(), (norm * 3.0).unwrap())]);
+    e.update_weights(4, &new).unwrap();
+    assert_eq!(e.version(), 4);
+    while e.num_unfinished() > 0 {
+        let out = e.step().unwrap();
+        tokens.extend(out.tokens);
+        if let Some(c) = out.finished.into_iter().next() {
+            assert_eq!(c.seq, id);
+            assert_eq!(
+                c.versions,
+                vec![3, 3, 3, 4, 4, 4],
+                "logits computed before the update keep version 3"
+            );
+        }
+    }
+    assert_eq!(tokens.len(), 6);
+    // bad updates are refused and change nothing
+    let bad = HashMap::from([(
+        "model.norm.weight".to_string(),
+        Tensor::full(f32::NAN, 64, dev).unwrap(),
+    )]);
+    assert!(e
+        .update_weights(5, &bad)
+        .unwrap_err()
+        .to_string()
+        .contains("non-finite"));
+    let bad = HashMap::from([(
+        "nope".to_string(),
+        Tensor::zeros(1, DType::F32, dev).unwrap(),
+    )]);
+    assert!(e.update_weights(5, &bad).is_err());
+    assert_eq!(e.version(), 4);
+}
+
+fn stop_conditions(dev: &Device) {
+    let tok = Arc::new(Tokenizer::from_dir(&model_dir("qwen3")).unwrap());
+    let (g, _) = golden("qwen3");
+    let prompt = ids_vec(&g["gen.prompt_ids"]);
+    let want = ids_vec(&g["gen.output_ids"]);
+    let mut e = Engine::new(policy(dev), Some(tok.clone()), 0, 4);
+    let mut r = req(prompt.clone(), 20, SamplingParams::greedy());
+    let k = (2..want.len())
+        .find(|&i| !want[..i].contains(&want[i]))
+        .unwrap();
+    r.stop_token_ids = vec![want[k]];
+    let c = e.generate(vec![r]).unwrap().remove(0);
+    assert_eq!(c.finish, FinishReason::Eos);
+    assert_eq!(c.tokens, want[..=k].to_vec());
+    let text5 = tok.decode(&want[..5], false).unwrap();
+    let text4 = tok.decode(&want[..4], false).unwrap();
+    let stop: String = text5.chars().skip(text4.chars().count()).collect();
+    if !stop.is_empty() && !text4.contains(&stop) {
+        let mut r = req(prompt, 20, SamplingParams::greedy());
+        r.stop_strings = vec![stop.clone()];
+        let c = e.generate(vec![r]).unwrap().remove(0);
+        assert_eq!(c.finish, FinishReason::StopString(stop));
+        assert_eq!(c.tokens, want[..5].to_vec());
+    }
+}
+
+#[test]
+fn engine_join_leave() {
+    for dev in devices() {
+        join_leave_and_batch_invariance(&dev);
+    }
+}
+
+#[test]
+fn engine_seeds_and_logprobs() {
+    for dev in devices() {
+        seeds_and_logprob_consistency(&dev);
+    }
+}
+
+#[test]
+fn engine_weight_updates() {
+    for dev in devices() {
+        weight_update_tags_versions(&dev);
+    }
+}
+
+#[test]
+fn engine_stops() {
+    for dev in devices() {
+        stop_conditions(&dev);
+    }
+}
