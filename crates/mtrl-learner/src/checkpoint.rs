@@ -1,0 +1,230 @@
+//! Training checkpoints: atomic, checksummed, rotated.
+//!
+//! Layout of `checkpoint.dir`: one folder per checkpoint, `step-00000042/`, holding
+//! - `policy/` — the policy as a Hugging Face checkpoint (loads in transformers unchanged);
+//! - `optimizer.safetensors` + `optimizer.json` — AdamW moments, master weights and step;
+//! - `trainer.json` — step, policy version, dataset cursor, RNG states, config hash, resume keys,
+//!   metric history (`format_version`);
+//! - `CHECKSUMS.json` — sha256 of every other file, written last.
+//!
+//! A checkpoint is written into `.tmp-step-N/`, every file fsynced, then renamed into place and
+//! the parent folder fsynced: a crash leaves either no `step-N/` or a complete one. On resume,
+//! folders are tried newest first; one whose checksums fail (truncated, edited, half-copied) is
+//! reported and skipped, so the previous one is used.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::DType;
+use mtrl_model::Policy;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::adamw::AdamW;
+use crate::error::{LearnerError, Result};
+
+pub const FORMAT_VERSION: u32 = 1;
+const CHECKSUMS: &str = "CHECKSUMS.json";
+
+/// Everything besides weights and optimizer needed to continue a run exactly.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TrainerState {
+    pub format_version: u32,
+    pub step: u64,
+    pub policy_version: u64,
+    /// Opaque dataset cursor (owned by the data loader).
+    pub data_cursor: serde_json::Value,
+    /// Opaque RNG states (owned by whoever draws).
+    pub rng: serde_json::Value,
+    /// Hash of the full config, for information.
+    pub config_hash: String,
+    /// Config values that must not change across a resume (model, datasets, group size, …).
+    pub resume_keys: BTreeMap<String, String>,
+    /// Per-step metrics so far.
+    pub metrics: Vec<serde_json::Value>,
+}
+
+/// A checkpoint that failed verification, with the reason.
+#[derive(Debug, Clone)]
+pub struct Rejected {
+    pub path: PathBuf,
+    pub reason: String,
+}
+
+pub struct CheckpointManager {
+    dir: PathBuf,
+    keep_last: usize,
+}
+
+fn sha256(path: &Path) -> Result<String> {
+    let mut f = std::fs::File::open(path).map_err(LearnerError::io("open", path))?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h).map_err(LearnerError::io("read", path))?;
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Relative paths of all files under `root`, sorted.
+fn files(root: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).map_err(LearnerError::io("list", &d))? {
+            let p = e.map_err(LearnerError::io("list", &d))?.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if let Ok(rel) = p.strip_prefix(root) {
+                out.push(rel.to_path_buf());
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn fsync(path: &Path) -> Result<()> {
+    std::fs::File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(LearnerError::io("sync", path))
+}
+
+impl CheckpointManager {
+    pub fn new(dir: impl Into<PathBuf>, keep_last: usize) -> CheckpointManager {
+        CheckpointManager {
+            dir: dir.into(),
+            keep_last: keep_last.max(1),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn step_dir(&self, step: u64) -> PathBuf {
+        self.dir.join(format!("step-{step:08}"))
+    }
+
+    /// Checkpoint folders, newest first.
+    pub fn list(&self) -> Result<Vec<(u64, PathBuf)>> {
+        if !self.dir.exists() {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(&self.dir).map_err(LearnerError::io("list", &self.dir))? {
+            let e = e.map_err(LearnerError::io("list", &self.dir))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(n) = name
+                .strip_prefix("step-")
+                .and_then(|n| n.parse::<u64>().ok())
+            {
+                out.push((n, e.path()));
+            }
+        }
+        out.sort_by(|a, b| b.0.cmp(&a.0));
+        Ok(out)
+    }
+
+    /// Writes a checkpoint atomically and deletes all but the newest `keep_last`.
+    pub fn save(
+        &self,
+        policy: &Policy,
+        policy_dtype: DType,
+        opt: &AdamW,
+        state: &TrainerState,
+    ) -> Result<PathBuf> {
+        std::fs::create_dir_all(&self.dir).map_err(LearnerError::io("create", &self.dir))?;
+        let tmp = self.dir.join(format!(".tmp-step-{:08}", state.step));
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(LearnerError::io("remove", &tmp))?;
+        }
+        std::fs::create_dir_all(&tmp).map_err(LearnerError::io("create", &tmp))?;
+        policy.save(&tmp.join("policy"), policy_dtype)?;
+        opt.save(&tmp)?;
+        let mut st = state.clone();
+        st.format_version = FORMAT_VERSION;
+        let p = tmp.join("trainer.json");
+        let text =
+            serde_json::to_string_pretty(&st).map_err(|e| LearnerError::Invalid(e.to_string()))?;
+        std::fs::write(&p, text).map_err(LearnerError::io("write", &p))?;
+        let mut sums = BTreeMap::new();
+        for rel in files(&tmp)? {
+            let full = tmp.join(&rel);
+            fsync(&full)?;
+            sums.insert(rel.to_string_lossy().into_owned(), sha256(&full)?);
+        }
+        let p = tmp.join(CHECKSUMS);
+        let text = serde_json::to_string_pretty(&sums)
+            .map_err(|e| LearnerError::Invalid(e.to_string()))?;
+        std::fs::write(&p, text).map_err(LearnerError::io("write", &p))?;
+        fsync(&p)?;
+        let dest = self.step_dir(state.step);
+        if dest.exists() {
+            std::fs::remove_dir_all(&dest).map_err(LearnerError::io("remove", &dest))?;
+        }
+        std::fs::rename(&tmp, &dest).map_err(LearnerError::io("rename", &tmp))?;
+        fsync(&self.dir)?;
+        for (_, old) in self.list()?.into_iter().skip(self.keep_last) {
+            std::fs::remove_dir_all(&old).map_err(LearnerError::io("remove", &old))?;
+        }
+        Ok(dest)
+    }
+
+    /// Checks a checkpoint folder against its checksums.
+    pub fn verify(path: &Path) -> std::result::Result<(), String> {
+        let sums_path = path.join(CHECKSUMS);
+        let text =
+            std::fs::read_to_string(&sums_path).map_err(|_| format!("{CHECKSUMS} is missing"))?;
+        let sums: BTreeMap<String, String> =
+            serde_json::from_str(&text).map_err(|e| format!("{CHECKSUMS} is malformed: {e}"))?;
+        for (rel, want) in &sums {
+            match sha256(&path.join(rel)) {
+                Ok(got) if &got == want => {}
+                Ok(_) => return Err(format!("{rel} does not match its checksum")),
+                Err(_) => return Err(format!("{rel} is missing")),
+            }
+        }
+        for needed in [
+            "trainer.json",
+            "optimizer.json",
+            "optimizer.safetensors",
+            "policy/config.json",
+        ] {
+            if !sums.contains_key(needed) {
+                return Err(format!("{needed} is not part of the checkpoint"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The newest checkpoint that verifies, plus the newer ones that did not.
+    pub fn latest_valid(&self) -> Result<(Option<PathBuf>, Vec<Rejected>)> {
+        let mut rejected = Vec::new();
+        for (_, path) in self.list()? {
+            match Self::verify(&path) {
+                Ok(()) => return Ok((Some(path), rejected)),
+                Err(reason) => rejected.push(Rejected { path, reason }),
+            }
+        }
+        Ok((None, rejected))
+    }
+
+    /// Reads `trainer.json` of a verified checkpoint.
+    pub fn load_state(path: &Path) -> Result<TrainerState> {
+        let p = path.join("trainer.json");
+        let text = std::fs::read_to_string(&p).map_err(LearnerError::io("read", &p))?;
+        let st: TrainerState =
+            serde_json::from_str(&text).map_err(|e| LearnerError::BadCheckpoint {
+                path: p.clone(),
+                message: e.to_string(),
+            })?;
+        if st.format_version != FORMAT_VERSION {
+            return Err(LearnerError::BadCheckpoint {
+                path: p,
+                message: format!(
+                    "format_version {} (expected {FORMAT_VERSION})",
+                    st.format_version
+                ),
+            });
+        }
+        Ok(st)
+    }
+}

@@ -1,0 +1,39 @@
+//! Global gradient-norm clipping (torch `clip_grad_norm_` semantics): total = sqrt(Σ‖g‖²) over
+//! unique parameters (a tied embedding counts once, its gradient holding both uses), and every
+//! gradient is scaled by min(1, max_norm / (total + 1e-6)).
+
+use std::collections::BTreeMap;
+
+use candle_core::{DType, Tensor};
+
+use crate::error::Result;
+
+/// The global L2 norm of the gradients.
+pub fn global_norm(grads: &BTreeMap<String, Tensor>) -> Result<f64> {
+    let mut sq = 0f64;
+    for g in grads.values() {
+        sq += g
+            .to_dtype(DType::F64)?
+            .sqr()?
+            .sum_all()?
+            .to_scalar::<f64>()?;
+    }
+    Ok(sq.sqrt())
+}
+
+/// Scales `grads` in place so that their global norm is at most `max_norm`; returns
+/// `(norm before clipping, coefficient applied)`. A non-finite norm is returned as is and the
+/// gradients are left untouched (the caller skips the step).
+pub fn clip_global_norm(grads: &mut BTreeMap<String, Tensor>, max_norm: f64) -> Result<(f64, f64)> {
+    let total = global_norm(grads)?;
+    if !total.is_finite() {
+        return Ok((total, 1.0));
+    }
+    let coef = (max_norm / (total + 1e-6)).min(1.0);
+    if coef < 1.0 {
+        for g in grads.values_mut() {
+            *g = (&*g * coef)?;
+        }
+    }
+    Ok((total, coef))
+}

@@ -1,0 +1,19 @@
+//! The learner side of mtrl: an AdamW whose state can be saved and restored exactly, learning
+//! rate schedules, global gradient clipping and (with the RL engine) the training step and
+//! checkpoints.
+//!
+//! Invariants: the learner never imports `mtrl-rollout` (they meet only through `mtrl-core` types
+//! on a channel); no tokio here; optimizer updates are deterministic on CPU (same inputs → same
+//! bits), which exact resume relies on.
+
+pub mod adamw;
+pub mod checkpoint;
+pub mod clip;
+pub mod error;
+pub mod schedule;
+
+pub use adamw::{AdamW, AdamWConfig};
+pub use checkpoint::{CheckpointManager, Rejected, TrainerState};
+pub use clip::{clip_global_norm, global_norm};
+pub use error::{LearnerError, Result};
+pub use schedule::{Decay, LrSchedule};
