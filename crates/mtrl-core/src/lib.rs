@@ -1,5 +1,6 @@
-//! Shared vocabulary of mtrl: configuration specs and their validation, and the error type every
-//! other crate can wrap.
+//! Shared vocabulary of mtrl: configuration specs and their validation, the error type every
+//! other crate can wrap, chat messages with the [`ChatCodec`] seam between environment and
+//! tokenizer, and the [`Trajectory`] record that rollout and learner exchange.
 //!
 //! Configuration is two-stage (ripgrep style): a TOML file is parsed into `*Spec` structs that mirror
 //! the file one-to-one (`deny_unknown_fields`, so a mistyped key is an error naming the key and the
@@ -9,8 +10,12 @@
 //!
 //! Invariant: this crate depends on nothing heavier than serde; every crate may depend on it.
 
+pub mod chat;
 pub mod config;
 pub mod error;
+pub mod trajectory;
 
-pub use config::{Config, SearchConfig};
+pub use chat::{ChatCodec, CodecError, Message, Role, ToolCall};
+pub use config::{Config, DataConfig, EnvConfig, SearchConfig};
 pub use error::{CoreError, Result};
+pub use trajectory::{FailureReason, ToolStats, Trajectory, TRAJECTORY_FORMAT_VERSION};

@@ -119,7 +119,7 @@ impl CheckpointManager {
                 out.push((n, e.path()));
             }
         }
-        out.sort_by(|a, b| b.0.cmp(&a.0));
+        out.sort_by_key(|x| std::cmp::Reverse(x.0));
         Ok(out)
     }
 

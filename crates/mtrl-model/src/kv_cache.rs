@@ -50,6 +50,17 @@ impl KvCache {
         k: &Tensor,
         v: &Tensor,
     ) -> Result<(Tensor, Tensor)> {
+        let needed = self.write(layer, k, v)?;
+        let Some(c) = self.layers[layer].as_ref() else {
+            candle_core::bail!("kv cache slot {layer} not initialised")
+        };
+        Ok((c.k.narrow(2, 0, needed)?, c.v.narrow(2, 0, needed)?))
+    }
+
+    /// Writes `k`, `v` (`[1, kv, t, d]`) after the cached positions of `layer` (growing the buffers
+    /// when needed) and returns the number of valid positions of `layer` afterwards. The length
+    /// advances when the last layer is written.
+    pub(crate) fn write(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<usize> {
         let t = k.dim(2)?;
         let needed = self.len + t;
         let slot = &mut self.layers[layer];
@@ -60,15 +71,13 @@ impl KvCache {
         if grow {
             let cap = needed.next_power_of_two().max(64);
             let (b, h, _, d) = k.dims4()?;
-            let zeros = Tensor::zeros((b, h, cap, d), k.dtype(), k.device())?;
             let new = match slot.take() {
                 None => LayerCache {
-                    k: zeros.clone(),
-                    v: zeros.copy()?,
+                    k: Tensor::zeros((b, h, cap, d), k.dtype(), k.device())?,
+                    v: Tensor::zeros((b, h, cap, d), k.dtype(), k.device())?,
                 },
                 Some(old) => {
-                    let pad = cap - self.len;
-                    let kz = zeros.narrow(2, 0, pad)?;
+                    let kz = Tensor::zeros((b, h, cap - self.len, d), k.dtype(), k.device())?;
                     LayerCache {
                         k: Tensor::cat(&[&old.k.narrow(2, 0, self.len)?, &kz], 2)?,
                         v: Tensor::cat(&[&old.v.narrow(2, 0, self.len)?, &kz], 2)?,
@@ -82,11 +91,19 @@ impl KvCache {
         };
         c.k.slice_set(&k.contiguous()?, 2, self.len)?;
         c.v.slice_set(&v.contiguous()?, 2, self.len)?;
-        let out = (c.k.narrow(2, 0, needed)?, c.v.narrow(2, 0, needed)?);
         if layer + 1 == self.layers.len() {
             self.len = needed;
         }
-        Ok(out)
+        Ok(needed)
+    }
+
+    /// The whole key and value buffers of `layer` (`[1, kv, capacity, head_dim]`, contiguous),
+    /// including unwritten capacity.
+    pub(crate) fn buffers(&self, layer: usize) -> Option<(&Tensor, &Tensor)> {
+        self.layers
+            .get(layer)
+            .and_then(Option::as_ref)
+            .map(|c| (&c.k, &c.v))
     }
 
     /// Bytes held by the buffers (capacity, not length).

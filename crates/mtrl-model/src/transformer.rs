@@ -367,7 +367,8 @@ impl Transformer {
     }
 
     /// One decode step for many sequences at once: `tokens[i]` is appended to `caches[i]`.
-    /// Projections and the MLP run batched; attention runs per sequence over its own cache.
+    /// Projections and the MLP run batched; attention runs per sequence over its own cache (on the
+    /// CPU in f32, one hand-written pass over all sequences' caches, without per-sequence ops).
     /// Returns hidden states `[n, hidden]`.
     pub fn decode_step(&self, tokens: &[u32], caches: &mut [&mut KvCache]) -> Result<Tensor> {
         let n = tokens.len();
@@ -376,19 +377,75 @@ impl Transformer {
         let pos: Vec<u32> = caches.iter().map(|c| c.len() as u32).collect();
         let positions = Tensor::from_vec(pos, (n, 1), dev)?;
         let mut x = self.embed_ids(&ids)?;
+        let fast = !self.differentiable && dev.is_cpu() && x.dtype() == DType::F32;
         for (li, l) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &l.input_ln, self.eps, self.differentiable)?;
             let (q, k, v) = self.qkv(l, &h, &positions)?;
-            let mut outs = Vec::with_capacity(n);
-            for (i, cache) in caches.iter_mut().enumerate() {
-                let (kc, vc) = cache.append(li, &k.narrow(0, i, 1)?, &v.narrow(0, i, 1)?)?;
-                outs.push(self.attend(&q.narrow(0, i, 1)?, &kc, &vc, None)?);
-            }
-            let a = Tensor::cat(&outs, 0)?;
+            let a = if fast {
+                self.decode_attend_cpu(li, &q, &k, &v, caches)?
+            } else {
+                let mut outs = Vec::with_capacity(n);
+                for (i, cache) in caches.iter_mut().enumerate() {
+                    let (kc, vc) = cache.append(li, &k.narrow(0, i, 1)?, &v.narrow(0, i, 1)?)?;
+                    outs.push(self.attend(&q.narrow(0, i, 1)?, &kc, &vc, None)?);
+                }
+                Tensor::cat(&outs, 0)?
+            };
             x = (x + l.o.forward(&a)?)?;
             x = self.mlp(l, &x)?;
         }
         rms_norm(&x, &self.norm, self.eps, self.differentiable)?.squeeze(1)
+    }
+
+    /// Decode attention of `q` `[n, heads, 1, d]` over each sequence's cache after appending its
+    /// `k`, `v` `[n, kv, 1, d]`; CPU, f32. Returns `[n, 1, heads * d]`.
+    fn decode_attend_cpu(
+        &self,
+        li: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        caches: &mut [&mut KvCache],
+    ) -> Result<Tensor> {
+        let n = caches.len();
+        let (heads, d) = (self.heads, self.head_dim);
+        let mut lens = Vec::with_capacity(n);
+        for (i, c) in caches.iter_mut().enumerate() {
+            lens.push(c.write(li, &k.narrow(0, i, 1)?, &v.narrow(0, i, 1)?)?);
+        }
+        let q = q.contiguous()?;
+        let (q_st, q_l) = q.storage_and_layout();
+        let qs = &cpu_f32(&q_st)?[q_l.start_offset()..q_l.start_offset() + n * heads * d];
+        let mut bufs = Vec::with_capacity(n);
+        for c in caches.iter() {
+            let Some((kb, vb)) = c.buffers(li) else {
+                candle_core::bail!("kv cache layer {li} is empty after a write")
+            };
+            if !kb.is_contiguous() || !vb.is_contiguous() {
+                candle_core::bail!("kv cache buffers must be contiguous")
+            }
+            bufs.push((kb.storage_and_layout(), vb.storage_and_layout(), kb.dim(2)?));
+        }
+        let mut views = Vec::with_capacity(n);
+        for ((ks, kl), (vs, vl), cap) in &bufs {
+            let k = &cpu_f32(ks)?[kl.start_offset()..];
+            let v = &cpu_f32(vs)?[vl.start_offset()..];
+            views.push((k, v, *cap));
+        }
+        let attn = DecodeAttn {
+            q: qs,
+            caches: &views,
+            lens: &lens,
+            heads,
+            kv_heads: self.kv_heads,
+            d,
+            scale: 1.0 / (d as f32).sqrt(),
+        };
+        let mut out = vec![0f32; n * heads * d];
+        attn.run(&mut out);
+        drop(views);
+        drop(bufs);
+        Tensor::from_vec(out, (n, 1, heads * d), q.device())
     }
 }
 
@@ -423,4 +480,142 @@ fn causal_mask(
         }
     }
     Tensor::from_vec(m, (b, 1, t, t), dev)?.to_dtype(dtype)
+}
+
+fn cpu_f32(s: &candle_core::Storage) -> Result<&[f32]> {
+    match s {
+        candle_core::Storage::Cpu(c) => c.as_slice::<f32>(),
+        _ => candle_core::bail!("expected a CPU tensor"),
+    }
+}
+
+/// The decode attention of many sequences over their own caches (CPU, f32).
+/// `q`: `[n, heads, d]`; cache `i`: keys/values `[kv, cap_i, d]` with `lens[i]` valid positions.
+struct DecodeAttn<'a> {
+    q: &'a [f32],
+    caches: &'a [(&'a [f32], &'a [f32], usize)],
+    lens: &'a [usize],
+    heads: usize,
+    kv_heads: usize,
+    d: usize,
+    scale: f32,
+}
+
+impl DecodeAttn<'_> {
+    /// Writes `[n, heads, d]` into `out`; work units are (sequence, KV group) pairs.
+    fn run(&self, out: &mut [f32]) {
+        let units = self.lens.len() * self.kv_heads;
+        let work: usize = self.lens.iter().sum::<usize>() * self.heads * self.d;
+        let group = (self.heads / self.kv_heads) * self.d;
+        if work < (1 << 16) || candle_core::utils::get_num_threads() < 2 {
+            let mut scratch = Vec::new();
+            for (u, o) in out.chunks_exact_mut(group).enumerate() {
+                self.unit(u, o, &mut scratch);
+            }
+            return;
+        }
+        let out_ptr = out.as_mut_ptr() as usize;
+        candle_core::utils::barrier_pool().execute_chunked(units, |range| {
+            let mut scratch = Vec::new();
+            for u in range {
+                // SAFETY: unit `u` writes only `out[u * group..(u + 1) * group]`, disjoint across
+                // units, and `out` outlives the pool call.
+                let o = unsafe {
+                    std::slice::from_raw_parts_mut((out_ptr as *mut f32).add(u * group), group)
+                };
+                self.unit(u, o, &mut scratch);
+            }
+        });
+    }
+
+    fn unit(&self, u: usize, out: &mut [f32], scratch: &mut Vec<f32>) {
+        let (i, g) = (u / self.kv_heads, u % self.kv_heads);
+        let (k, v, cap) = self.caches[i];
+        let (d, len) = (self.d, self.lens[i]);
+        let rep = self.heads / self.kv_heads;
+        let q = &self.q[(i * self.heads + g * rep) * d..][..rep * d];
+        let k = &k[g * cap * d..][..len * d];
+        let v = &v[g * cap * d..][..len * d];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                // SAFETY: the CPU supports the features the function is compiled for.
+                unsafe { attend_group_avx2(q, k, v, d, self.scale, scratch, out) };
+                return;
+            }
+        }
+        attend_group(q, k, v, d, self.scale, scratch, out);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_group_avx2(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    d: usize,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    attend_group(q, k, v, d, scale, scores, out)
+}
+
+/// Softmax attention of `rep` queries `q` `[rep, d]` over `len` keys/values `[len, d]`.
+#[inline(always)]
+fn attend_group(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    d: usize,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let rep = q.len() / d;
+    let len = k.len() / d;
+    scores.clear();
+    scores.resize(rep * len, 0.0);
+    for (s, ks) in k.chunks_exact(d).enumerate() {
+        for (r, qr) in q.chunks_exact(d).enumerate() {
+            scores[r * len + s] = dot(qr, ks) * scale;
+        }
+    }
+    for (row, o) in scores.chunks_exact_mut(len).zip(out.chunks_exact_mut(d)) {
+        let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f32;
+        for x in row.iter_mut() {
+            *x = (*x - m).exp();
+            sum += *x;
+        }
+        let inv = 1.0 / sum;
+        o.fill(0.0);
+        for (p, vs) in row.iter().zip(v.chunks_exact(d)) {
+            let p = p * inv;
+            for (oe, ve) in o.iter_mut().zip(vs) {
+                *oe += p * ve;
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for j in 0..8 {
+            acc[j] += x[j] * y[j];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }

@@ -3,12 +3,16 @@
 //! Each section lives in its own file. `Config::load` reads one file; `Config::from_toml_str` takes
 //! the text plus the path it came from (used for error messages and to resolve relative paths).
 
+mod data;
+mod env;
 mod search;
 
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub use data::{DataConfig, DataSpec, DatasetConfig, OneOrMany};
+pub use env::{EnvConfig, EnvSpec, RewardChoice, RewardKind, RewardSpec};
 pub use search::{
     Bm25Config, Columns, EmbedderChoice, RetrievalEvalConfig, SearchConfig, SearchSpec, StopWords,
     VectorConfig,
@@ -23,6 +27,8 @@ pub struct ConfigSpec {
     /// Free-form run name, used in reports.
     pub name: Option<String>,
     pub search: Option<SearchSpec>,
+    pub env: Option<EnvSpec>,
+    pub data: Option<DataSpec>,
 }
 
 /// A validated configuration.
@@ -32,6 +38,9 @@ pub struct Config {
     pub source: PathBuf,
     pub name: String,
     pub search: Option<SearchConfig>,
+    /// `[env]`; commands that run episodes use [`EnvConfig::default`] when it is absent.
+    pub env: Option<EnvConfig>,
+    pub data: Option<DataConfig>,
 }
 
 impl Config {
@@ -51,6 +60,19 @@ impl Config {
             message: e.to_string().trim_end().to_string(),
         })?;
         spec.validate(path)
+    }
+
+    /// The `[data]` section, or an error naming the file when it is absent.
+    pub fn data(&self) -> Result<&DataConfig> {
+        self.data.as_ref().ok_or_else(|| CoreError::MissingSection {
+            path: self.source.clone(),
+            section: "data".into(),
+        })
+    }
+
+    /// The `[env]` section, or the defaults when it is absent.
+    pub fn env_or_default(&self) -> EnvConfig {
+        self.env.clone().unwrap_or_default()
     }
 
     /// The `[search]` section, or an error naming the file when it is absent.
@@ -74,10 +96,14 @@ impl ConfigSpec {
                 .unwrap_or_else(|| "run".into())
         });
         let search = self.search.map(|s| s.validate(&ctx)).transpose()?;
+        let env = self.env.map(|s| s.validate(&ctx)).transpose()?;
+        let data = self.data.map(|s| s.validate(&ctx)).transpose()?;
         Ok(Config {
             source: path.to_path_buf(),
             name,
             search,
+            env,
+            data,
         })
     }
 }
