@@ -27,6 +27,13 @@ enum Command {
     Generate(cmd::generate::GenerateArgs),
     /// Print the per-token log-probs of a token sequence as JSON.
     Logprobs(cmd::logprobs::LogprobsArgs),
+    /// Task data: turn collections into corpus + train/validation/test task files.
+    #[command(subcommand)]
+    Data(cmd::data::DataCommand),
+    /// Run episodes of a scripted baseline policy in the search environment.
+    Rollout(cmd::rollout::RolloutArgs),
+    /// Train the policy with RL (asynchronous rollouts, checkpoints, automatic resume).
+    Train(cmd::train::TrainArgs),
     /// Benchmarks that print JSON.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -50,6 +57,9 @@ fn main() {
         Some(Command::SearchEval(a)) => cmd::search_eval::run(&a),
         Some(Command::Generate(a)) => cmd::generate::run(&a),
         Some(Command::Logprobs(a)) => cmd::logprobs::run(&a),
+        Some(Command::Data(c)) => cmd::data::run(&c),
+        Some(Command::Rollout(a)) => cmd::rollout::run(&a),
+        Some(Command::Train(a)) => cmd::train::run(&a),
         Some(Command::Bench(BenchCommand::Search(a))) => cmd::bench_search::run(&a),
         Some(Command::Bench(BenchCommand::Model(a))) => cmd::bench_model::run(&a),
     };

@@ -3,9 +3,12 @@
 pub mod bench_model;
 pub mod bench_search;
 pub mod common;
+pub mod data;
 pub mod demo;
 pub mod generate;
 pub mod index;
 pub mod logprobs;
+pub mod rollout;
 pub mod search;
 pub mod search_eval;
+pub mod train;

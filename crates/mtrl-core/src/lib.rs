@@ -16,6 +16,9 @@ pub mod error;
 pub mod trajectory;
 
 pub use chat::{ChatCodec, CodecError, Message, Role, ToolCall};
+pub use config::{
+    AlgorithmConfig, CheckpointConfig, LoggingConfig, ModelConfig, RolloutConfig, TrainConfig,
+};
 pub use config::{Config, DataConfig, EnvConfig, SearchConfig};
 pub use error::{CoreError, Result};
 pub use trajectory::{FailureReason, ToolStats, Trajectory, TRAJECTORY_FORMAT_VERSION};

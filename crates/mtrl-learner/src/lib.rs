@@ -7,13 +7,16 @@
 //! bits), which exact resume relies on.
 
 pub mod adamw;
+pub mod batch;
 pub mod checkpoint;
 pub mod clip;
 pub mod error;
 pub mod schedule;
+pub mod step;
 
 pub use adamw::{AdamW, AdamWConfig};
 pub use checkpoint::{CheckpointManager, Rejected, TrainerState};
 pub use clip::{clip_global_norm, global_norm};
 pub use error::{LearnerError, Result};
 pub use schedule::{Decay, LrSchedule};
+pub use step::{Learner, StepConfig, StepMetrics};

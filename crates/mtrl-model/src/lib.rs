@@ -23,6 +23,7 @@
 pub mod bench;
 pub mod chat_template;
 pub mod checkpoint;
+pub mod codec;
 pub mod config;
 pub mod engine;
 pub mod error;
@@ -34,6 +35,7 @@ pub mod tokenizer;
 pub mod transformer;
 
 pub use chat_template::{ChatOptions, ChatTemplate};
+pub use codec::TemplateCodec;
 pub use config::{parse_device, parse_dtype, Config, Family, GenerationConfig};
 pub use engine::{
     Completion, Engine, FinishReason, GenerationRequest, SampledToken, SeqId, StepOutput,

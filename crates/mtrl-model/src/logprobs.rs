@@ -34,6 +34,63 @@ pub struct TokenLogprobs {
     temperature: f64,
     chunk_rows: usize,
     shape: (usize, usize),
+    /// Per chunk, on the CPU fast path: the row log-sum-exps of `z / T` and, while the total stays
+    /// within the logits budget, the logits `z` themselves (so backward need not recompute them).
+    chunks: Vec<(Vec<f32>, Option<Tensor>)>,
+}
+
+/// The CPU f32 path works on raw slices: one pass for the log-sum-exp, one for `dL/dz`.
+fn fast_path(w: &Tensor) -> bool {
+    w.device().is_cpu() && w.dtype() == DType::F32
+}
+
+/// Contiguous f32 data of a CPU tensor, as an owned handle plus offset.
+fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    let t = t.contiguous()?;
+    let (st, l) = t.storage_and_layout();
+    let data = match &*st {
+        candle_core::Storage::Cpu(c) => c.as_slice::<f32>()?,
+        _ => return Err(candle_core::Error::Msg("expected a CPU tensor".into()).into()),
+    };
+    Ok(f(&data[l.start_offset()..l.start_offset() + t.elem_count()]))
+}
+
+/// Row-wise `lse = logsumexp(z / T)` and `z[target] / T - lse` of `z` `[n, vocab]` (CPU, f32).
+fn lse_and_pick(z: &Tensor, targets: &[u32], inv_t: f32) -> Result<(Vec<f32>, Vec<f32>)> {
+    let vocab = z.dim(1)?;
+    with_f32(z, |z| {
+        let mut lse = Vec::with_capacity(targets.len());
+        let mut picked = Vec::with_capacity(targets.len());
+        for (row, &tg) in z.chunks_exact(vocab).zip(targets) {
+            let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) * inv_t;
+            let sum: f32 = row.iter().map(|&x| (x * inv_t - m).exp()).sum();
+            let l = m + sum.ln();
+            lse.push(l);
+            picked.push(row[tg as usize] * inv_t - l);
+        }
+        (lse, picked)
+    })
+}
+
+/// `dL/dz = g · (onehot(target) − softmax(z / T)) / T` for a chunk `z` `[n, vocab]` (CPU, f32).
+fn dlogits(z: &Tensor, lse: &[f32], targets: &[u32], g: &[f32], inv_t: f32) -> Result<Tensor> {
+    let (n, vocab) = z.dims2()?;
+    let dz = with_f32(z, |z| {
+        let mut out = vec![0f32; n * vocab];
+        for (r, (row, o)) in z
+            .chunks_exact(vocab)
+            .zip(out.chunks_exact_mut(vocab))
+            .enumerate()
+        {
+            let (l, c) = (lse[r], -g[r] * inv_t);
+            for (oe, &x) in o.iter_mut().zip(row) {
+                *oe = c * (x * inv_t - l).exp();
+            }
+            o[targets[r] as usize] += g[r] * inv_t;
+        }
+        out
+    })?;
+    Ok(Tensor::from_vec(dz, (n, vocab), z.device())?)
 }
 
 fn chunk_log_softmax(h: &Tensor, w: &Tensor, temperature: f64) -> Result<Tensor> {
@@ -101,12 +158,27 @@ pub fn token_logprobs(
     let hd = hidden.detach();
     let wd = lm_head.detach();
     let mut values = vec![0f32; b * (t - 1)];
+    let fast = fast_path(&wd);
+    let inv_t = (1.0 / temperature) as f32;
+    let mut chunks = Vec::new();
+    let mut kept = 0usize;
     let mut start = 0;
     while start < rows.len() {
         let n = chunk_rows.min(rows.len() - start);
-        let lsm = chunk_log_softmax(&hd.narrow(0, start, n)?, &wd, temperature)?;
-        let tgt = Tensor::from_slice(&targets[start..start + n], (n, 1), &dev)?;
-        let picked = lsm.gather(&tgt, 1)?.squeeze(1)?.to_vec1::<f32>()?;
+        let picked = if fast {
+            let z = hd.narrow(0, start, n)?.matmul(&wd.t()?)?;
+            let (lse, picked) = lse_and_pick(&z, &targets[start..start + n], inv_t)?;
+            let keep = differentiable && kept + n * vocab <= chunk_elems;
+            if keep {
+                kept += n * vocab;
+            }
+            chunks.push((lse, keep.then_some(z)));
+            picked
+        } else {
+            let lsm = chunk_log_softmax(&hd.narrow(0, start, n)?, &wd, temperature)?;
+            let tgt = Tensor::from_slice(&targets[start..start + n], (n, 1), &dev)?;
+            lsm.gather(&tgt, 1)?.squeeze(1)?.to_vec1::<f32>()?
+        };
         for (i, v) in picked.into_iter().enumerate() {
             let r = rows[start + i] as usize;
             let (bi, ti) = (r / t, r % t);
@@ -124,6 +196,7 @@ pub fn token_logprobs(
         temperature,
         chunk_rows,
         shape: (b, t),
+        chunks,
     })
 }
 
@@ -158,20 +231,42 @@ impl TokenLogprobs {
         let wdt = wd.dtype();
         let vocab = wd.dim(0)?;
         let mut dh_chunks = Vec::new();
-        let mut dw = Tensor::zeros(wd.dims(), DType::F32, &dev)?;
+        let mut dw: Option<Tensor> = None;
+        let fast = fast_path(&wd) && self.chunks.len() == self.rows.len().div_ceil(self.chunk_rows);
+        let inv_t = (1.0 / self.temperature) as f32;
         let mut start = 0;
+        let mut ci = 0;
         while start < self.rows.len() {
             let n = self.chunk_rows.min(self.rows.len() - start);
             let hc = hd.narrow(0, start, n)?;
-            let p = chunk_log_softmax(&hc, &wd, self.temperature)?.exp()?;
-            let tgt = Tensor::from_slice(&self.targets[start..start + n], n, &dev)?;
-            let onehot = candle_nn::encoding::one_hot(tgt, vocab, 1f32, 0f32)?;
-            let g = Tensor::from_slice(&g_rows[start..start + n], (n, 1), &dev)?;
-            let dz = ((onehot - p)?.broadcast_mul(&g)? / self.temperature)?;
+            let dz = if fast {
+                let (lse, z) = &self.chunks[ci];
+                let z = match z {
+                    Some(z) => z.clone(),
+                    None => hc.matmul(&wd.t()?)?,
+                };
+                let tg = &self.targets[start..start + n];
+                dlogits(&z, lse, tg, &g_rows[start..start + n], inv_t)?
+            } else {
+                let p = chunk_log_softmax(&hc, &wd, self.temperature)?.exp()?;
+                let tgt = Tensor::from_slice(&self.targets[start..start + n], n, &dev)?;
+                let onehot = candle_nn::encoding::one_hot(tgt, vocab, 1f32, 0f32)?;
+                let g = Tensor::from_slice(&g_rows[start..start + n], (n, 1), &dev)?;
+                ((onehot - p)?.broadcast_mul(&g)? / self.temperature)?
+            };
             dh_chunks.push(dz.to_dtype(wdt)?.matmul(&wd)?);
-            dw = (dw + dz.t()?.matmul(&hc.to_dtype(DType::F32)?)?)?;
+            let dwc = dz.t()?.matmul(&hc.to_dtype(DType::F32)?)?;
+            dw = Some(match dw {
+                None => dwc,
+                Some(acc) => (acc + dwc)?,
+            });
             start += n;
+            ci += 1;
         }
+        let dw = match dw {
+            Some(dw) => dw,
+            None => Tensor::zeros(wd.dims(), DType::F32, &dev)?,
+        };
         let mut surrogate = (self.lm_head.to_dtype(DType::F32)? * dw)?.sum_all()?;
         if !dh_chunks.is_empty() {
             let dh = Tensor::cat(&dh_chunks, 0)?.detach();

@@ -68,6 +68,11 @@ fn rms_norm(x: &Tensor, w: &Tensor, eps: f64, differentiable: bool) -> Result<Te
     if !differentiable {
         return candle_nn::ops::rms_norm(&x.contiguous()?, w, eps as f32);
     }
+    if fused_cpu(x) {
+        return x
+            .contiguous()?
+            .apply_op2(w, fused::RmsNorm { eps: eps as f32 });
+    }
     let dtype = x.dtype();
     let x = x.to_dtype(DType::F32)?;
     let var = x.sqr()?.mean_keepdim(D::Minus1)?;
@@ -145,6 +150,13 @@ impl Rope {
 fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor, differentiable: bool) -> Result<Tensor> {
     if !differentiable {
         return candle_nn::rotary_emb::rope(&x.contiguous()?, cos, sin);
+    }
+    if fused_cpu(x) {
+        return x.contiguous()?.apply_op1(fused::Rope {
+            cos: cos.contiguous()?,
+            sin: sin.contiguous()?,
+            sign: 1.0,
+        });
     }
     let d = x.dim(D::Minus1)?;
     let cos = Tensor::cat(&[cos, cos], D::Minus1)?.unsqueeze(1)?;
@@ -294,15 +306,30 @@ impl Transformer {
         let rep = self.heads / self.kv_heads;
         let q = q.contiguous()?.reshape((b, self.kv_heads, rep * t, d))?;
         let scale = 1.0 / (d as f64).sqrt();
-        let scores = (q.matmul(&k.t()?)? * scale)?;
-        let scores = match mask {
-            Some(m) => scores
-                .reshape((b, self.kv_heads, rep, t, s))?
-                .broadcast_add(&m.unsqueeze(1)?)?
-                .reshape((b, self.kv_heads, rep * t, s))?,
-            None => scores,
+        let p = match mask {
+            Some(m) if fused_cpu(&q) => {
+                let op = fused::MaskedSoftmax {
+                    scale: scale as f32,
+                };
+                let (scores, m) = (q.matmul(&k.t()?)?, m.contiguous()?);
+                if self.differentiable {
+                    scores.apply_op2(&m, op)?
+                } else {
+                    scores.apply_op2_no_bwd(&m, &op)?
+                }
+            }
+            _ => {
+                let scores = (q.matmul(&k.t()?)? * scale)?;
+                let scores = match mask {
+                    Some(m) => scores
+                        .reshape((b, self.kv_heads, rep, t, s))?
+                        .broadcast_add(&m.unsqueeze(1)?)?
+                        .reshape((b, self.kv_heads, rep * t, s))?,
+                    None => scores,
+                };
+                softmax(&scores, self.differentiable)?
+            }
         };
-        let p = softmax(&scores, self.differentiable)?;
         let out = p.matmul(v)?.reshape((b, self.heads, t, d))?;
         out.transpose(1, 2)?.reshape((b, t, self.heads * d))
     }
@@ -447,6 +474,11 @@ impl Transformer {
         drop(bufs);
         Tensor::from_vec(out, (n, 1, heads * d), q.device())
     }
+}
+
+/// Whether the hand-written CPU kernels of [`fused`] apply (CPU, f32).
+fn fused_cpu(x: &Tensor) -> bool {
+    x.device().is_cpu() && x.dtype() == DType::F32
 }
 
 /// A large finite negative number for masked scores: finite so that a fully masked row (a padding
@@ -618,4 +650,269 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     acc.iter().sum::<f32>() + tail
+}
+
+/// Hand-written CPU (f32) kernels with their backward passes, so that the training graph records
+/// one node (and one temporary) where the elementary spelling records five to ten.
+mod fused {
+    use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
+
+    fn slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
+        let Some((a, b)) = l.contiguous_offsets() else {
+            candle_core::bail!("fused kernels need contiguous inputs")
+        };
+        Ok(&s.as_slice::<f32>()?[a..b])
+    }
+
+    /// Reads contiguous f32 data of CPU tensors.
+    fn with2<R>(a: &Tensor, b: &Tensor, f: impl FnOnce(&[f32], &[f32]) -> R) -> Result<R> {
+        let (a, b) = (a.contiguous()?, b.contiguous()?);
+        let (sa, la) = a.storage_and_layout();
+        let (sb, lb) = b.storage_and_layout();
+        let (candle_core::Storage::Cpu(ca), candle_core::Storage::Cpu(cb)) = (&*sa, &*sb) else {
+            candle_core::bail!("fused kernels run on the CPU")
+        };
+        Ok(f(slice(ca, la)?, slice(cb, lb)?))
+    }
+
+    fn with3<R>(
+        a: &Tensor,
+        b: &Tensor,
+        c: &Tensor,
+        f: impl FnOnce(&[f32], &[f32], &[f32]) -> R,
+    ) -> Result<R> {
+        let c = c.contiguous()?;
+        let (sc, lc) = c.storage_and_layout();
+        let candle_core::Storage::Cpu(cc) = &*sc else {
+            candle_core::bail!("fused kernels run on the CPU")
+        };
+        let cs = slice(cc, lc)?;
+        with2(a, b, |a, b| f(a, b, cs))
+    }
+
+    /// Runs `f(row_index, out_row)` over the rows of `out` (`row_len` wide), on candle's worker
+    /// pool when there is enough work.
+    fn par_rows(out: &mut [f32], row_len: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+        let rows = out.len() / row_len.max(1);
+        if out.len() < (1 << 15) || candle_core::utils::get_num_threads() < 2 {
+            for (r, o) in out.chunks_exact_mut(row_len).enumerate() {
+                f(r, o);
+            }
+            return;
+        }
+        let ptr = out.as_mut_ptr() as usize;
+        candle_core::utils::barrier_pool().execute_chunked(rows, |range| {
+            for r in range {
+                // SAFETY: rows are disjoint and `out` outlives the pool call.
+                let o = unsafe {
+                    std::slice::from_raw_parts_mut((ptr as *mut f32).add(r * row_len), row_len)
+                };
+                f(r, o);
+            }
+        });
+    }
+
+    fn new_vec(n: usize) -> Vec<f32> {
+        vec![0f32; n]
+    }
+
+    /// `softmax(scale · s + mask)` over the last dimension. `s`: `[b, kv, rows, n]`; `mask`:
+    /// `[b, 1, t, n]`, row `r` of `s` uses mask row `r % t`. No gradient flows to the mask.
+    pub(super) struct MaskedSoftmax {
+        pub scale: f32,
+    }
+
+    impl CustomOp2 for MaskedSoftmax {
+        fn name(&self) -> &'static str {
+            "mtrl-masked-softmax"
+        }
+
+        fn cpu_fwd(
+            &self,
+            s1: &CpuStorage,
+            l1: &Layout,
+            s2: &CpuStorage,
+            l2: &Layout,
+        ) -> Result<(CpuStorage, Shape)> {
+            let (s, m) = (slice(s1, l1)?, slice(s2, l2)?);
+            let (b, kv, rows, n) = l1.shape().dims4()?;
+            let (mb, _, t, mn) = l2.shape().dims4()?;
+            if mb != b || mn != n || t == 0 || rows % t != 0 {
+                candle_core::bail!(
+                    "masked softmax: scores {:?} vs mask {:?}",
+                    l1.dims(),
+                    l2.dims()
+                )
+            }
+            let mut out = new_vec(s.len());
+            let scale = self.scale;
+            par_rows(&mut out, n, |ri, o| {
+                let (bi, r) = (ri / (kv * rows), ri % rows);
+                let src = &s[ri * n..][..n];
+                let mrow = &m[(bi * t + r % t) * n..][..n];
+                let mut mx = f32::NEG_INFINITY;
+                for ((oe, &x), &mm) in o.iter_mut().zip(src).zip(mrow) {
+                    *oe = x * scale + mm;
+                    mx = mx.max(*oe);
+                }
+                let mut sum = 0f32;
+                for oe in o.iter_mut() {
+                    *oe = (*oe - mx).exp();
+                    sum += *oe;
+                }
+                let inv = 1.0 / sum;
+                o.iter_mut().for_each(|oe| *oe *= inv);
+            });
+            Ok((CpuStorage::F32(out), l1.shape().clone()))
+        }
+
+        fn bwd(
+            &self,
+            _s: &Tensor,
+            _m: &Tensor,
+            res: &Tensor,
+            grad: &Tensor,
+        ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+            let n = res.dim(candle_core::D::Minus1)?;
+            let scale = self.scale;
+            let ds = with2(res, grad, |p, g| {
+                let mut out = new_vec(p.len());
+                par_rows(&mut out, n, |ri, o| {
+                    let (p, g) = (&p[ri * n..][..n], &g[ri * n..][..n]);
+                    let dot: f32 = p.iter().zip(g).map(|(a, b)| a * b).sum();
+                    for ((oe, &pe), &ge) in o.iter_mut().zip(p).zip(g) {
+                        *oe = scale * pe * (ge - dot);
+                    }
+                });
+                out
+            })?;
+            Ok((Some(Tensor::from_vec(ds, res.shape(), res.device())?), None))
+        }
+    }
+
+    /// RMSNorm over the last dimension with weight `w`.
+    pub(super) struct RmsNorm {
+        pub eps: f32,
+    }
+
+    impl CustomOp2 for RmsNorm {
+        fn name(&self) -> &'static str {
+            "mtrl-rms-norm"
+        }
+
+        fn cpu_fwd(
+            &self,
+            s1: &CpuStorage,
+            l1: &Layout,
+            s2: &CpuStorage,
+            l2: &Layout,
+        ) -> Result<(CpuStorage, Shape)> {
+            let (x, w) = (slice(s1, l1)?, slice(s2, l2)?);
+            let d = w.len();
+            let mut out = new_vec(x.len());
+            let eps = self.eps;
+            par_rows(&mut out, d, |r, o| {
+                let x = &x[r * d..][..d];
+                let ms = x.iter().map(|v| v * v).sum::<f32>() / d as f32;
+                let inv = 1.0 / (ms + eps).sqrt();
+                for ((oe, &xe), &we) in o.iter_mut().zip(x).zip(w) {
+                    *oe = xe * inv * we;
+                }
+            });
+            Ok((CpuStorage::F32(out), l1.shape().clone()))
+        }
+
+        fn bwd(
+            &self,
+            x: &Tensor,
+            w: &Tensor,
+            _res: &Tensor,
+            grad: &Tensor,
+        ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+            let d = w.elem_count();
+            let eps = self.eps;
+            let (dx, dw) = with3(x, w, grad, |x, w, g| {
+                let mut dx = new_vec(x.len());
+                let mut dw = vec![0f32; d];
+                for ((x, g), o) in x
+                    .chunks_exact(d)
+                    .zip(g.chunks_exact(d))
+                    .zip(dx.chunks_exact_mut(d))
+                {
+                    let ms = x.iter().map(|v| v * v).sum::<f32>() / d as f32;
+                    let inv = 1.0 / (ms + eps).sqrt();
+                    // dot = Σ g·w·x̂ / d
+                    let mut dot = 0f32;
+                    for ((&xe, &ge), (&we, dwe)) in x.iter().zip(g).zip(w.iter().zip(dw.iter_mut()))
+                    {
+                        let xh = xe * inv;
+                        *dwe += ge * xh;
+                        dot += ge * we * xh;
+                    }
+                    let dot = dot / d as f32;
+                    for ((oe, &xe), (&ge, &we)) in o.iter_mut().zip(x).zip(g.iter().zip(w)) {
+                        *oe = inv * (ge * we - xe * inv * dot);
+                    }
+                }
+                (dx, dw)
+            })?;
+            Ok((
+                Some(Tensor::from_vec(dx, x.shape(), x.device())?),
+                Some(Tensor::from_vec(dw, w.shape(), w.device())?),
+            ))
+        }
+    }
+
+    /// Non-interleaved RoPE (`rotate_half`) of `x` `[b, h, t, d]` with `cos`/`sin` `[b, t, d/2]`;
+    /// `sign = -1` rotates backwards (the backward pass).
+    pub(super) struct Rope {
+        pub cos: Tensor,
+        pub sin: Tensor,
+        pub sign: f32,
+    }
+
+    impl CustomOp1 for Rope {
+        fn name(&self) -> &'static str {
+            "mtrl-rope"
+        }
+
+        fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout) -> Result<(CpuStorage, Shape)> {
+            let x = slice(s1, l1)?;
+            let (b, h, t, d) = l1.shape().dims4()?;
+            let half = d / 2;
+            let sign = self.sign;
+            let out = with2(&self.cos, &self.sin, |cos, sin| {
+                if cos.len() != b * t * half {
+                    return Err(candle_core::Error::Msg("rope: table shape".into()));
+                }
+                let mut out = new_vec(x.len());
+                par_rows(&mut out, t * d, |r, o| {
+                    let bi = r / h;
+                    let x = &x[r * t * d..][..t * d];
+                    for ti in 0..t {
+                        let c = &cos[(bi * t + ti) * half..][..half];
+                        let s = &sin[(bi * t + ti) * half..][..half];
+                        let (x1, x2) = x[ti * d..][..d].split_at(half);
+                        let (o1, o2) = o[ti * d..][..d].split_at_mut(half);
+                        for j in 0..half {
+                            let sj = sign * s[j];
+                            o1[j] = x1[j] * c[j] - x2[j] * sj;
+                            o2[j] = x2[j] * c[j] + x1[j] * sj;
+                        }
+                    }
+                });
+                Ok(out)
+            })??;
+            Ok((CpuStorage::F32(out), l1.shape().clone()))
+        }
+
+        fn bwd(&self, _x: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+            let back = Rope {
+                cos: self.cos.clone(),
+                sin: self.sin.clone(),
+                sign: -self.sign,
+            };
+            Ok(Some(grad.contiguous()?.apply_op1_no_bwd(&back)?))
+        }
+    }
 }

@@ -3,20 +3,32 @@
 //! Each section lives in its own file. `Config::load` reads one file; `Config::from_toml_str` takes
 //! the text plus the path it came from (used for error messages and to resolve relative paths).
 
+mod algorithm;
+mod checkpoint;
 mod data;
 mod env;
+mod logging;
+mod model;
+mod rollout;
 mod search;
+mod train;
 
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub use algorithm::{AlgorithmConfig, AlgorithmSpec, ADVANTAGES, LOSSES, LOSS_AGGS};
+pub use checkpoint::{CheckpointConfig, CheckpointSpec};
 pub use data::{DataConfig, DataSpec, DatasetConfig, OneOrMany};
 pub use env::{EnvConfig, EnvSpec, RewardChoice, RewardKind, RewardSpec};
+pub use logging::{LoggingConfig, LoggingSpec};
+pub use model::{ModelConfig, ModelSource, ModelSpec, RANDOM_PRESETS};
+pub use rollout::{EnvironmentKind, RolloutConfig, RolloutSpec};
 pub use search::{
     Bm25Config, Columns, EmbedderChoice, RetrievalEvalConfig, SearchConfig, SearchSpec, StopWords,
     VectorConfig,
 };
+pub use train::{LrScheduleKind, TrainConfig, TrainSpec};
 
 use crate::error::{CoreError, Result};
 
@@ -29,6 +41,12 @@ pub struct ConfigSpec {
     pub search: Option<SearchSpec>,
     pub env: Option<EnvSpec>,
     pub data: Option<DataSpec>,
+    pub model: Option<ModelSpec>,
+    pub rollout: Option<RolloutSpec>,
+    pub algorithm: Option<AlgorithmSpec>,
+    pub train: Option<TrainSpec>,
+    pub checkpoint: Option<CheckpointSpec>,
+    pub logging: Option<LoggingSpec>,
 }
 
 /// A validated configuration.
@@ -41,6 +59,18 @@ pub struct Config {
     /// `[env]`; commands that run episodes use [`EnvConfig::default`] when it is absent.
     pub env: Option<EnvConfig>,
     pub data: Option<DataConfig>,
+    /// `[model]`, needed by commands that load a policy.
+    pub model: Option<ModelConfig>,
+    /// `[rollout]` (defaults when absent).
+    pub rollout: RolloutConfig,
+    /// `[algorithm]` (defaults when absent).
+    pub algorithm: AlgorithmConfig,
+    /// `[train]` (defaults when absent).
+    pub train: TrainConfig,
+    /// `[checkpoint]` (default dir `runs/<name>` beside the config).
+    pub checkpoint: CheckpointConfig,
+    /// `[logging]` (defaults when absent).
+    pub logging: LoggingConfig,
 }
 
 impl Config {
@@ -75,6 +105,16 @@ impl Config {
         self.env.clone().unwrap_or_default()
     }
 
+    /// The `[model]` section, or an error naming the file when it is absent.
+    pub fn model(&self) -> Result<&ModelConfig> {
+        self.model
+            .as_ref()
+            .ok_or_else(|| CoreError::MissingSection {
+                path: self.source.clone(),
+                section: "model".into(),
+            })
+    }
+
     /// The `[search]` section, or an error naming the file when it is absent.
     pub fn search(&self) -> Result<&SearchConfig> {
         self.search
@@ -98,12 +138,24 @@ impl ConfigSpec {
         let search = self.search.map(|s| s.validate(&ctx)).transpose()?;
         let env = self.env.map(|s| s.validate(&ctx)).transpose()?;
         let data = self.data.map(|s| s.validate(&ctx)).transpose()?;
+        let model = self.model.map(|s| s.validate(&ctx)).transpose()?;
+        let rollout = self.rollout.unwrap_or_default().validate(&ctx)?;
+        let algorithm = self.algorithm.unwrap_or_default().validate(&ctx)?;
+        let train = self.train.unwrap_or_default().validate(&ctx)?;
+        let checkpoint = self.checkpoint.unwrap_or_default().validate(&ctx, &name)?;
+        let logging = self.logging.unwrap_or_default().validate(&ctx)?;
         Ok(Config {
             source: path.to_path_buf(),
             name,
             search,
             env,
             data,
+            model,
+            rollout,
+            algorithm,
+            train,
+            checkpoint,
+            logging,
         })
     }
 }

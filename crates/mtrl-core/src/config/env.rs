@@ -1,0 +1,276 @@
+//! `[env]`: budgets of an episode, the reward, and how tool results are shown.
+//!
+//! ```toml
+//! [env]
+//! max_turns = 8                # assistant messages per episode
+//! max_tokens_per_turn = 512    # a message not ended within this many tokens fails the episode
+//! max_context_tokens = 8192    # prompt + transcript (token mode)
+//! max_calls_per_turn = 8       # tool calls executed per message (more are answered with an error)
+//! final_k = 10                 # submitted ids scored (longer lists are cut)
+//! max_search_k = 50            # largest `k` a search tool accepts
+//! snippet_words = 60           # snippet budget per hit, in words
+//! failure_reward = -1.0
+//! reward = "ndcg@10"           # "recall@K", "exact_match", or a weighted sum:
+//! # reward = { "ndcg@10" = 0.8, "recall@100" = 0.2 }
+//! system_prompt = "…"          # optional; replaces the built-in instructions (tools are still listed)
+//! ```
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use super::Ctx;
+use crate::error::Result;
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RewardSpec {
+    Name(String),
+    Weighted(BTreeMap<String, f64>),
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvSpec {
+    pub max_turns: Option<usize>,
+    pub max_tokens_per_turn: Option<usize>,
+    pub max_context_tokens: Option<usize>,
+    pub max_calls_per_turn: Option<usize>,
+    pub final_k: Option<usize>,
+    pub max_search_k: Option<usize>,
+    pub snippet_words: Option<usize>,
+    pub failure_reward: Option<f64>,
+    pub reward: Option<RewardSpec>,
+    pub system_prompt: Option<String>,
+}
+
+/// One reward function, by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RewardKind {
+    /// nDCG@k of the submitted ranking.
+    Ndcg(usize),
+    /// recall@k of the submitted ranking.
+    Recall(usize),
+    /// 1 when the submitted answer text matches a reference answer (normalised), else 0.
+    ExactMatch,
+}
+
+impl RewardKind {
+    /// Parses `ndcg@10`, `recall@100`, `exact_match`.
+    pub fn parse(name: &str) -> Option<RewardKind> {
+        let name = name.trim().to_ascii_lowercase();
+        if name == "exact_match" || name == "em" {
+            return Some(RewardKind::ExactMatch);
+        }
+        let (metric, k) = name.split_once('@')?;
+        let k: usize = k.parse().ok().filter(|k| (1..=10_000).contains(k))?;
+        match metric {
+            "ndcg" => Some(RewardKind::Ndcg(k)),
+            "recall" => Some(RewardKind::Recall(k)),
+            _ => None,
+        }
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            RewardKind::Ndcg(k) => format!("ndcg@{k}"),
+            RewardKind::Recall(k) => format!("recall@{k}"),
+            RewardKind::ExactMatch => "exact_match".into(),
+        }
+    }
+}
+
+/// The reward: a weighted sum of named functions (a single name has weight 1).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RewardChoice {
+    pub terms: Vec<(RewardKind, f64)>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnvConfig {
+    pub max_turns: usize,
+    pub max_tokens_per_turn: usize,
+    pub max_context_tokens: usize,
+    pub max_calls_per_turn: usize,
+    pub final_k: usize,
+    pub max_search_k: usize,
+    pub snippet_words: usize,
+    pub failure_reward: f64,
+    pub reward: RewardChoice,
+    pub system_prompt: Option<String>,
+}
+
+impl Default for EnvConfig {
+    fn default() -> Self {
+        EnvConfig {
+            max_turns: 8,
+            max_tokens_per_turn: 512,
+            max_context_tokens: 8192,
+            max_calls_per_turn: 8,
+            final_k: 10,
+            max_search_k: 50,
+            snippet_words: 60,
+            failure_reward: -1.0,
+            reward: RewardChoice {
+                terms: vec![(RewardKind::Ndcg(10), 1.0)],
+            },
+            system_prompt: None,
+        }
+    }
+}
+
+impl EnvSpec {
+    pub(crate) fn validate(self, ctx: &Ctx<'_>) -> Result<EnvConfig> {
+        let d = EnvConfig::default();
+        let kind = |name: &str| {
+            RewardKind::parse(name).ok_or_else(|| {
+                ctx.invalid(
+                    "env.reward",
+                    format!("`{name}` is not \"ndcg@K\", \"recall@K\" or \"exact_match\""),
+                )
+            })
+        };
+        let reward = match self.reward {
+            None => d.reward,
+            Some(RewardSpec::Name(n)) => RewardChoice {
+                terms: vec![(kind(&n)?, 1.0)],
+            },
+            Some(RewardSpec::Weighted(map)) => {
+                if map.is_empty() {
+                    return Err(ctx.invalid("env.reward", "a weighted reward needs a term"));
+                }
+                let mut terms = Vec::new();
+                for (n, w) in map {
+                    if !w.is_finite() {
+                        return Err(ctx.invalid("env.reward", format!("weight of `{n}` is {w}")));
+                    }
+                    terms.push((kind(&n)?, w));
+                }
+                RewardChoice { terms }
+            }
+        };
+        let failure_reward = self.failure_reward.unwrap_or(d.failure_reward);
+        if !failure_reward.is_finite() {
+            return Err(ctx.invalid("env.failure_reward", "must be a finite number"));
+        }
+        if let Some(p) = &self.system_prompt {
+            ctx.non_empty("env.system_prompt", p)?;
+        }
+        let max_tokens_per_turn = ctx.range(
+            "env.max_tokens_per_turn",
+            self.max_tokens_per_turn.unwrap_or(d.max_tokens_per_turn),
+            1,
+            1 << 20,
+        )?;
+        let max_context_tokens = ctx.range(
+            "env.max_context_tokens",
+            self.max_context_tokens.unwrap_or(d.max_context_tokens),
+            16,
+            1 << 24,
+        )?;
+        if max_context_tokens <= max_tokens_per_turn {
+            return Err(ctx.invalid(
+                "env.max_context_tokens",
+                format!(
+                    "{max_context_tokens} must exceed max_tokens_per_turn ({max_tokens_per_turn})"
+                ),
+            ));
+        }
+        Ok(EnvConfig {
+            max_turns: ctx.range(
+                "env.max_turns",
+                self.max_turns.unwrap_or(d.max_turns),
+                1,
+                1000,
+            )?,
+            max_tokens_per_turn,
+            max_context_tokens,
+            max_calls_per_turn: ctx.range(
+                "env.max_calls_per_turn",
+                self.max_calls_per_turn.unwrap_or(d.max_calls_per_turn),
+                1,
+                1000,
+            )?,
+            final_k: ctx.range("env.final_k", self.final_k.unwrap_or(d.final_k), 1, 10_000)?,
+            max_search_k: ctx.range(
+                "env.max_search_k",
+                self.max_search_k.unwrap_or(d.max_search_k),
+                1,
+                10_000,
+            )?,
+            snippet_words: ctx.range(
+                "env.snippet_words",
+                self.snippet_words.unwrap_or(d.snippet_words),
+                1,
+                100_000,
+            )?,
+            failure_reward,
+            reward,
+            system_prompt: self.system_prompt,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::Config;
+
+    fn load(text: &str) -> Result<Config> {
+        Config::from_toml_str(text, Path::new("configs/e.toml"))
+    }
+
+    #[test]
+    fn defaults_match_the_design() {
+        let cfg = load("[env]\n").unwrap();
+        let e = cfg.env.unwrap();
+        assert_eq!(e, EnvConfig::default());
+        assert_eq!(
+            (e.max_turns, e.max_tokens_per_turn, e.final_k),
+            (8, 512, 10)
+        );
+        assert_eq!(e.failure_reward, -1.0);
+        assert_eq!(e.reward.terms, vec![(RewardKind::Ndcg(10), 1.0)]);
+    }
+
+    #[test]
+    fn mistyped_key_names_file_and_key() {
+        let msg = load("[env]\nmax_turn = 3\n").unwrap_err().to_string();
+        assert!(
+            msg.contains("max_turn") && msg.contains("configs/e.toml"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn rewards_parse_by_name_and_weight() {
+        let e = load("[env]\nreward = { \"ndcg@5\" = 0.5, \"recall@100\" = 0.5 }\n")
+            .unwrap()
+            .env
+            .unwrap();
+        assert_eq!(
+            e.reward.terms,
+            vec![(RewardKind::Ndcg(5), 0.5), (RewardKind::Recall(100), 0.5)]
+        );
+        let msg = load("[env]\nreward = 'mrr@10'\n").unwrap_err().to_string();
+        assert!(
+            msg.contains("env.reward") && msg.contains("mrr@10"),
+            "{msg}"
+        );
+        assert_eq!(RewardKind::parse("EM"), Some(RewardKind::ExactMatch));
+        assert_eq!(RewardKind::parse("ndcg@0"), None);
+        assert_eq!(RewardKind::Recall(7).name(), "recall@7");
+    }
+
+    #[test]
+    fn ranges_are_checked() {
+        let msg = load("[env]\nmax_turns = 0\n").unwrap_err().to_string();
+        assert!(msg.contains("env.max_turns"), "{msg}");
+        let msg = load("[env]\nmax_context_tokens = 100\nmax_tokens_per_turn = 200\n")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("env.max_context_tokens"), "{msg}");
+    }
+}

@@ -1,0 +1,213 @@
+//! `[train]`: the optimisation loop.
+//!
+//! ```toml
+//! [train]
+//! max_epochs = 1              # passes over the training tasks (used when max_steps = 0)
+//! global_batch_size = 128     # prompts (groups) per step
+//! max_steps = 0               # 0 = max_epochs × tasks / global_batch_size
+//! lr = 1e-6
+//! warmup_steps = 0
+//! lr_schedule = "constant"    # or "cosine" (to min_lr at the last step)
+//! min_lr = 0.0
+//! weight_decay = 0.01
+//! grad_clip = 1.0             # 0 = off
+//! seed = 0
+//! micro_batch_tokens = 8192   # padded tokens per forward/backward
+//! ```
+
+use serde::Deserialize;
+
+use super::Ctx;
+use crate::error::Result;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainSpec {
+    pub max_epochs: Option<usize>,
+    pub global_batch_size: Option<usize>,
+    pub max_steps: Option<u64>,
+    pub lr: Option<f64>,
+    pub warmup_steps: Option<u64>,
+    pub lr_schedule: Option<String>,
+    pub min_lr: Option<f64>,
+    pub weight_decay: Option<f64>,
+    pub grad_clip: Option<f64>,
+    pub seed: Option<u64>,
+    pub micro_batch_tokens: Option<usize>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LrScheduleKind {
+    Constant,
+    Cosine,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainConfig {
+    pub max_epochs: usize,
+    pub global_batch_size: usize,
+    pub max_steps: u64,
+    pub lr: f64,
+    pub warmup_steps: u64,
+    pub lr_schedule: LrScheduleKind,
+    pub min_lr: f64,
+    pub weight_decay: f64,
+    /// 0 disables clipping.
+    pub grad_clip: f64,
+    pub seed: u64,
+    pub micro_batch_tokens: usize,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            max_epochs: 1,
+            global_batch_size: 128,
+            max_steps: 0,
+            lr: 1e-6,
+            warmup_steps: 0,
+            lr_schedule: LrScheduleKind::Constant,
+            min_lr: 0.0,
+            weight_decay: 0.01,
+            grad_clip: 1.0,
+            seed: 0,
+            micro_batch_tokens: 8192,
+        }
+    }
+}
+
+impl TrainSpec {
+    pub(crate) fn validate(self, ctx: &Ctx<'_>) -> Result<TrainConfig> {
+        let d = TrainConfig::default();
+        let num = |key: &str, v: Option<f64>, dv: f64, positive: bool| -> Result<f64> {
+            let v = v.unwrap_or(dv);
+            if !v.is_finite() || v < 0.0 || (positive && v == 0.0) {
+                let want = if positive { "> 0" } else { ">= 0" };
+                return Err(ctx.invalid(key, format!("{v} is not a number {want}")));
+            }
+            Ok(v)
+        };
+        let lr_schedule = match self.lr_schedule.as_deref().unwrap_or("constant") {
+            "constant" => LrScheduleKind::Constant,
+            "cosine" => LrScheduleKind::Cosine,
+            other => {
+                return Err(ctx.invalid(
+                    "train.lr_schedule",
+                    format!("`{other}` is not \"constant\" or \"cosine\""),
+                ))
+            }
+        };
+        Ok(TrainConfig {
+            max_epochs: ctx.range("train.max_epochs", self.max_epochs.unwrap_or(1), 1, 1 << 20)?,
+            global_batch_size: ctx.range(
+                "train.global_batch_size",
+                self.global_batch_size.unwrap_or(d.global_batch_size),
+                1,
+                1 << 20,
+            )?,
+            max_steps: self.max_steps.unwrap_or(0),
+            lr: num("train.lr", self.lr, d.lr, true)?,
+            warmup_steps: self.warmup_steps.unwrap_or(0),
+            lr_schedule,
+            min_lr: num("train.min_lr", self.min_lr, d.min_lr, false)?,
+            weight_decay: num(
+                "train.weight_decay",
+                self.weight_decay,
+                d.weight_decay,
+                false,
+            )?,
+            grad_clip: num("train.grad_clip", self.grad_clip, d.grad_clip, false)?,
+            seed: self.seed.unwrap_or(0),
+            micro_batch_tokens: ctx.range(
+                "train.micro_batch_tokens",
+                self.micro_batch_tokens.unwrap_or(d.micro_batch_tokens),
+                2,
+                1 << 30,
+            )?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::config::{EnvironmentKind, LrScheduleKind, ModelSource};
+    use crate::Config;
+
+    fn load(text: &str) -> crate::Result<Config> {
+        Config::from_toml_str(text, Path::new("configs/t.toml"))
+    }
+
+    #[test]
+    fn training_sections_parse_with_defaults() {
+        let c = load(
+            "[model]\npath = 'random:tiny'\ntokenizer = 'tok'\n[rollout]\ngroup_size = 4\n\
+             environment = 'pick'\n[algorithm]\nmax_staleness = 0\nloss = 'cispo'\n\
+             [train]\nglobal_batch_size = 2\nlr_schedule = 'cosine'\n[checkpoint]\nevery_steps = 5\n",
+        )
+        .unwrap();
+        let m = c.model().unwrap();
+        assert_eq!(m.source, ModelSource::RandomPreset("tiny".into()));
+        assert_eq!(m.tokenizer.as_deref(), Some(Path::new("configs/tok")));
+        assert_eq!((m.dtype.as_str(), m.device.as_str()), ("f32", "cpu"));
+        assert_eq!(c.rollout.group_size, 4);
+        assert_eq!(c.rollout.rollout_max_concurrency, 32);
+        assert_eq!(c.rollout.environment, EnvironmentKind::Pick);
+        assert_eq!(
+            (c.algorithm.max_staleness, c.algorithm.loss.as_str()),
+            (0, "cispo")
+        );
+        assert_eq!(c.algorithm.tis_cap, 2.0);
+        assert_eq!(c.train.global_batch_size, 2);
+        assert_eq!(c.train.lr_schedule, LrScheduleKind::Cosine);
+        assert_eq!(c.checkpoint.every_steps, 5);
+        assert_eq!(c.checkpoint.dir, Path::new("configs/runs/t"));
+        assert!(!c.logging.trajectories);
+        let none = load("").unwrap();
+        assert!(none.model().unwrap_err().to_string().contains("[model]"));
+    }
+
+    #[test]
+    fn mistyped_keys_name_file_and_key() {
+        for (text, key) in [
+            ("[model]\npath = 'x'\ndtyp = 'f32'\n", "dtyp"),
+            ("[rollout]\ngroup_sise = 2\n", "group_sise"),
+            ("[algorithm]\nmax_stalenes = 1\n", "max_stalenes"),
+            ("[train]\nglobal_batch = 1\n", "global_batch"),
+            ("[checkpoint]\nkeep = 1\n", "keep"),
+            ("[logging]\nprometeus = 'a'\n", "prometeus"),
+        ] {
+            let msg = load(text).unwrap_err().to_string();
+            assert!(msg.contains(key) && msg.contains("configs/t.toml"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        for (text, key) in [
+            ("[model]\npath = 'random:huge'\n", "model.path"),
+            ("[model]\npath = 'x'\ndtype = 'f8'\n", "model.dtype"),
+            ("[model]\npath = 'x'\ndevice = 'tpu'\n", "model.device"),
+            ("[rollout]\ngroup_size = 0\n", "rollout.group_size"),
+            ("[rollout]\ntemperature = 0.0\n", "rollout.temperature"),
+            ("[rollout]\nenvironment = 'chess'\n", "rollout.environment"),
+            ("[algorithm]\nloss = 'dpo'\n", "algorithm.loss"),
+            ("[algorithm]\nadvantage = 'gae'\n", "algorithm.advantage"),
+            ("[algorithm]\nloss_agg = 'sum'\n", "algorithm.loss_agg"),
+            ("[algorithm]\ndual_clip = 0.5\n", "algorithm.dual_clip"),
+            ("[algorithm]\ntis_cap = 0.5\n", "algorithm.tis_cap"),
+            ("[train]\nlr = -1.0\n", "train.lr"),
+            (
+                "[train]\nglobal_batch_size = 0\n",
+                "train.global_batch_size",
+            ),
+            ("[train]\nlr_schedule = 'step'\n", "train.lr_schedule"),
+            ("[checkpoint]\nkeep_last = 0\n", "checkpoint.keep_last"),
+            ("[logging]\nprometheus = 'nowhere'\n", "logging.prometheus"),
+        ] {
+            let msg = load(text).unwrap_err().to_string();
+            assert!(msg.contains(key), "{text}: {msg}");
+        }
+    }
+}

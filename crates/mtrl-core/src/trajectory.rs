@@ -1,0 +1,227 @@
+//! The episode record that rollout produces and the learner consumes.
+//!
+//! Invariants (checked by [`Trajectory::check`]):
+//! - in token mode `tokens`, `loss_mask`, `logprobs` and `versions` have one entry per token;
+//! - `loss_mask[i] == 1` exactly on ids the policy sampled; every other token (prompt, tool output,
+//!   template glue) has `loss_mask 0`, `logprob 0.0` and `version 0`. Zeros rather than NaN so that
+//!   sums over masked vectors stay finite; consumers must use the mask, never the values, to tell
+//!   sampled tokens apart (a staleness check takes the oldest version *under the mask*);
+//! - a failed episode (`failure` set) carries the configured failure reward.
+//!
+//! In text mode (scripted policies, no tokenizer) the four token vectors are empty.
+//! Serialised trajectories carry [`TRAJECTORY_FORMAT_VERSION`].
+
+use serde::{Deserialize, Serialize};
+
+use crate::chat::Message;
+
+/// Version of the serialised [`Trajectory`] layout.
+pub const TRAJECTORY_FORMAT_VERSION: u32 = 1;
+
+/// Why an episode failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureReason {
+    /// `max_turns` assistant messages without a final answer.
+    TurnLimit,
+    /// A generation reached `max_tokens_per_turn` before ending its message.
+    TokenLimit,
+    /// The conversation outgrew `max_context_tokens`.
+    ContextOverflow,
+    /// The assistant ended its turn without calling any tool and without an answer.
+    NoAnswer,
+    /// The last attempt at a final answer was malformed and no turn was left to fix it.
+    InvalidAnswer,
+}
+
+impl FailureReason {
+    pub const ALL: [FailureReason; 5] = [
+        FailureReason::TurnLimit,
+        FailureReason::TokenLimit,
+        FailureReason::ContextOverflow,
+        FailureReason::NoAnswer,
+        FailureReason::InvalidAnswer,
+    ];
+
+    /// The serialised name (`turn_limit`, …).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FailureReason::TurnLimit => "turn_limit",
+            FailureReason::TokenLimit => "token_limit",
+            FailureReason::ContextOverflow => "context_overflow",
+            FailureReason::NoAnswer => "no_answer",
+            FailureReason::InvalidAnswer => "invalid_answer",
+        }
+    }
+}
+
+/// Tool-call bookkeeping of one episode.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ToolStats {
+    /// Well-formed calls per tool name, in first-use order.
+    pub calls: Vec<(String, u32)>,
+    /// Calls answered with an error tool response (bad JSON, unknown tool, bad arguments, …).
+    pub errors: u32,
+    /// The error messages, in order (what the model was told).
+    pub error_messages: Vec<String>,
+}
+
+impl ToolStats {
+    pub fn count_call(&mut self, name: &str) {
+        match self.calls.iter_mut().find(|(n, _)| n == name) {
+            Some((_, c)) => *c += 1,
+            None => self.calls.push((name.to_string(), 1)),
+        }
+    }
+
+    pub fn count_error(&mut self, message: &str) {
+        self.errors += 1;
+        self.error_messages.push(message.to_string());
+    }
+
+    pub fn total_calls(&self) -> u32 {
+        self.calls.iter().map(|(_, c)| c).sum()
+    }
+}
+
+/// One finished episode.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Trajectory {
+    pub format_version: u32,
+    pub task_id: String,
+    /// Every token of the episode, prompt included (empty in text mode).
+    pub tokens: Vec<u32>,
+    /// 1 on policy-sampled tokens, 0 elsewhere.
+    pub loss_mask: Vec<u8>,
+    /// Behaviour log-prob of each sampled token; 0.0 where `loss_mask` is 0.
+    pub logprobs: Vec<f32>,
+    /// Policy version that sampled each token; 0 where `loss_mask` is 0.
+    pub versions: Vec<u64>,
+    /// Number of prompt tokens at the start of `tokens`.
+    pub prompt_len: usize,
+    /// Final reward (the failure reward when `failure` is set).
+    pub reward: f64,
+    /// Named reward components (e.g. `ndcg@10`) of the submitted answer, when there was one.
+    pub scores: Vec<(String, f64)>,
+    pub failure: Option<FailureReason>,
+    /// Assistant messages written.
+    pub turns: u32,
+    pub tools: ToolStats,
+    /// The final answer (ranked document ids), when one was submitted.
+    pub answer: Option<Vec<String>>,
+    /// The conversation, assistant messages holding the raw text the model wrote.
+    pub messages: Vec<Message>,
+}
+
+impl Trajectory {
+    /// An empty record for `task_id`.
+    pub fn new(task_id: impl Into<String>) -> Trajectory {
+        Trajectory {
+            format_version: TRAJECTORY_FORMAT_VERSION,
+            task_id: task_id.into(),
+            tokens: Vec::new(),
+            loss_mask: Vec::new(),
+            logprobs: Vec::new(),
+            versions: Vec::new(),
+            prompt_len: 0,
+            reward: 0.0,
+            scores: Vec::new(),
+            failure: None,
+            turns: 0,
+            tools: ToolStats::default(),
+            answer: None,
+            messages: Vec::new(),
+        }
+    }
+
+    /// Appends ids the policy did not sample (prompt, tool output, glue).
+    pub fn push_context(&mut self, ids: &[u32]) {
+        self.tokens.extend_from_slice(ids);
+        self.loss_mask.extend(std::iter::repeat_n(0, ids.len()));
+        self.logprobs.extend(std::iter::repeat_n(0.0, ids.len()));
+        self.versions.extend(std::iter::repeat_n(0, ids.len()));
+    }
+
+    /// Appends sampled ids with their behaviour log-probs and versions (equal lengths required).
+    pub fn push_sampled(&mut self, ids: &[u32], logprobs: &[f32], versions: &[u64]) -> bool {
+        if ids.len() != logprobs.len() || ids.len() != versions.len() {
+            return false;
+        }
+        self.tokens.extend_from_slice(ids);
+        self.loss_mask.extend(std::iter::repeat_n(1, ids.len()));
+        self.logprobs.extend_from_slice(logprobs);
+        self.versions.extend_from_slice(versions);
+        true
+    }
+
+    /// Number of policy-sampled tokens.
+    pub fn sampled_tokens(&self) -> usize {
+        self.loss_mask.iter().filter(|m| **m == 1).count()
+    }
+
+    /// Checks the per-token invariants; returns what is wrong.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let n = self.tokens.len();
+        if self.loss_mask.len() != n || self.logprobs.len() != n || self.versions.len() != n {
+            return Err(format!(
+                "token vectors differ in length: tokens {n}, loss_mask {}, logprobs {}, versions {}",
+                self.loss_mask.len(),
+                self.logprobs.len(),
+                self.versions.len()
+            ));
+        }
+        for i in 0..n {
+            match self.loss_mask[i] {
+                0 if self.logprobs[i] != 0.0 || self.versions[i] != 0 => {
+                    return Err(format!(
+                        "token {i} is not sampled but has a logprob or version"
+                    ))
+                }
+                0 | 1 => {}
+                m => return Err(format!("token {i} has loss_mask {m}")),
+            }
+        }
+        if self.prompt_len > n || self.loss_mask[..self.prompt_len].contains(&1) {
+            return Err("prompt tokens must not be sampled".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_vectors_stay_aligned() {
+        let mut t = Trajectory::new("q1");
+        t.push_context(&[1, 2, 3]);
+        t.prompt_len = 3;
+        assert!(t.push_sampled(&[4, 5], &[-0.5, -1.0], &[7, 7]));
+        assert!(!t.push_sampled(&[6], &[], &[]));
+        t.push_context(&[9]);
+        assert_eq!(t.loss_mask, vec![0, 0, 0, 1, 1, 0]);
+        assert_eq!(t.sampled_tokens(), 2);
+        t.check().unwrap();
+        t.versions[0] = 3;
+        assert!(t.check().is_err());
+    }
+
+    #[test]
+    fn serialises_with_version_and_snake_case_failure() {
+        let mut t = Trajectory::new("q");
+        t.failure = Some(FailureReason::TurnLimit);
+        t.tools.count_call("bm25_search");
+        t.tools.count_call("bm25_search");
+        t.tools.count_error("bad json");
+        let v = serde_json::to_value(&t).unwrap();
+        assert_eq!(v["format_version"], TRAJECTORY_FORMAT_VERSION);
+        assert_eq!(v["failure"], "turn_limit");
+        assert_eq!(t.tools.total_calls(), 2);
+        let back: Trajectory = serde_json::from_value(v).unwrap();
+        assert_eq!(back, t);
+        for f in FailureReason::ALL {
+            assert_eq!(serde_json::to_value(f).unwrap(), f.as_str());
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! `submit(doc_ids, answer?)`: the final answer, a ranked list of document ids (and, for QA
+//! tasks, an optional answer text).
+//!
+//! The list is cleaned before scoring: ids are trimmed, later duplicates dropped, ids the corpus
+//! does not know dropped (when a corpus is attached) and the list cut to `final_k`. An empty list
+//! is a valid (zero-scoring) answer; a missing or mistyped `doc_ids` is an error the model can fix.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use mtrl_search::Corpus;
+use serde_json::{json, Value};
+
+use crate::tool::{function_schema, Answer, Args, Tool, ToolError, ToolOutput};
+
+pub struct SubmitTool {
+    final_k: usize,
+    corpus: Option<Arc<Corpus>>,
+}
+
+impl SubmitTool {
+    /// `corpus`: when given, ids it does not contain are ignored.
+    pub fn new(final_k: usize, corpus: Option<Arc<Corpus>>) -> SubmitTool {
+        SubmitTool { final_k, corpus }
+    }
+}
+
+/// Trims, de-duplicates (first occurrence wins), drops unknown ids and cuts to `k`; returns the
+/// kept ids and the dropped unknown ones.
+pub fn clean_ids(
+    ids: &[String],
+    known: impl Fn(&str) -> bool,
+    k: usize,
+) -> (Vec<String>, Vec<String>) {
+    let mut seen = HashSet::new();
+    let mut kept = Vec::new();
+    let mut unknown = Vec::new();
+    for id in ids {
+        let id = id.trim();
+        if id.is_empty() || !seen.insert(id.to_string()) {
+            continue;
+        }
+        if known(id) {
+            if kept.len() < k {
+                kept.push(id.to_string());
+            }
+        } else {
+            unknown.push(id.to_string());
+        }
+    }
+    (kept, unknown)
+}
+
+impl Tool for SubmitTool {
+    fn name(&self) -> &str {
+        "submit"
+    }
+
+    fn schema(&self) -> Value {
+        function_schema(
+            "submit",
+            "Submit the final answer: the ids of the most relevant documents, best first. This ends the episode.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "doc_ids": {
+                        "type": "array",
+                        "items": {"type": "string"},
+                        "description": format!("Document ids, most relevant first (at most {} are scored).", self.final_k),
+                    }
+                },
+                "required": ["doc_ids"]
+            }),
+        )
+    }
+
+    fn call(&self, arguments: &Value) -> Result<ToolOutput, ToolError> {
+        let args = Args::new("submit", arguments, &["doc_ids", "answer"])?;
+        let text = args.opt_string("answer")?.map(str::to_string);
+        let ids = if text.is_some() && !args.has("doc_ids") {
+            Vec::new()
+        } else {
+            args.id_list("doc_ids")?
+        };
+        let corpus = self.corpus.clone();
+        let known = |id: &str| corpus.as_ref().is_none_or(|c| c.ord_of(id).is_some());
+        let (doc_ids, unknown) = clean_ids(&ids, known, self.final_k);
+        let mut content = format!("submitted {} documents", doc_ids.len());
+        if !unknown.is_empty() {
+            content.push_str(&format!("; ignored unknown ids: {}", unknown.join(", ")));
+        }
+        Ok(ToolOutput {
+            content,
+            answer: Some(Answer { doc_ids, text }),
+        })
+    }
+
+    fn is_final(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cleans_the_list() {
+        let ids: Vec<String> = ["a", " b", "a", "zz", "c", "d"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let (kept, unknown) = clean_ids(&ids, |id| id != "zz", 3);
+        assert_eq!(kept, vec!["a", "b", "c"]);
+        assert_eq!(unknown, vec!["zz"]);
+    }
+
+    #[test]
+    fn submit_checks_arguments() {
+        let t = SubmitTool::new(2, None);
+        let out = t.call(&json!({"doc_ids": ["x", 5, "x", "y"]})).unwrap();
+        assert_eq!(out.answer.unwrap().doc_ids, vec!["x", "5"]);
+        assert!(t.call(&json!({})).is_err());
+        assert!(t.call(&json!({"doc_ids": {"a": 1}})).is_err());
+        let empty = t.call(&json!({"doc_ids": []})).unwrap();
+        assert!(empty.answer.unwrap().doc_ids.is_empty());
+        let qa = t.call(&json!({"answer": "Paris"})).unwrap().answer.unwrap();
+        assert_eq!(qa.text.as_deref(), Some("Paris"));
+        assert!(t.is_final());
+    }
+}

@@ -1,0 +1,333 @@
+//! Episode state machine of `SearchEnv` with in-memory tools: success, recovery from malformed
+//! calls, every failure reason, token-mode bookkeeping, and misuse errors.
+
+use std::sync::Arc;
+
+use mtrl_core::{ChatCodec, CodecError, EnvConfig, FailureReason, Message, Role};
+use mtrl_env::reward::NdcgAt;
+use mtrl_env::tools::{SearchTool, SubmitTool};
+use mtrl_env::{Action, Environment, SearchEnv, Step, Task, Tool};
+use mtrl_search::{Hit, Retriever};
+use serde_json::Value;
+
+/// Always returns documents d0, d1, … in order.
+struct Ladder;
+
+impl Retriever for Ladder {
+    fn name(&self) -> &'static str {
+        "ladder"
+    }
+    fn search(&self, _q: &str, k: usize) -> mtrl_search::Result<Vec<Hit>> {
+        Ok((0..k)
+            .map(|i| Hit {
+                doc_id: format!("d{i}"),
+                score: 1.0,
+                title: format!("title {i}"),
+                snippet: "some words here".into(),
+            })
+            .collect())
+    }
+}
+
+fn env(cfg: EnvConfig) -> SearchEnv {
+    let tools: Vec<Arc<dyn Tool>> = vec![
+        Arc::new(SearchTool::new(
+            "bm25_search",
+            "d",
+            Arc::new(Ladder),
+            5,
+            20,
+            10,
+        )),
+        Arc::new(SubmitTool::new(cfg.final_k, None)),
+    ];
+    SearchEnv::new(cfg, tools, Arc::new(NdcgAt(10))).unwrap()
+}
+
+fn task() -> Task {
+    Task {
+        id: "t1".into(),
+        prompt: r#"{"query":"wings","qrels":{"d0":1,"d1":2}}"#.into(),
+    }
+}
+
+const SEARCH: &str =
+    r#"<tool_call>{"name":"bm25_search","arguments":{"query":"wings","k":3}}</tool_call>"#;
+const SUBMIT: &str =
+    r#"<tool_call>{"name":"submit","arguments":{"doc_ids":["d1","d0","d1"]}}</tool_call>"#;
+
+fn cont(s: Step) -> mtrl_env::Observation {
+    match s {
+        Step::Continue(o) => o,
+        Step::Done => panic!("episode ended early"),
+    }
+}
+
+#[test]
+fn search_then_submit_scores_the_answer() {
+    let mut e = env(EnvConfig::default());
+    let obs = cont(e.reset(&task()).unwrap());
+    assert_eq!(obs.query.as_deref(), Some("wings"));
+    assert_eq!(obs.messages[0].role, Role::System);
+    let obs = cont(e.step(Action::text(SEARCH)).unwrap());
+    let last = obs.messages.last().unwrap();
+    assert_eq!(last.role, Role::Tool);
+    let hits: Value = serde_json::from_str(&last.content).unwrap();
+    assert_eq!(hits.as_array().unwrap().len(), 3);
+    assert_eq!(e.step(Action::text(SUBMIT)).unwrap(), Step::Done);
+    let t = e.finish().unwrap();
+    assert_eq!(t.failure, None);
+    assert_eq!(t.reward, 1.0, "[d1, d0] is the ideal ranking");
+    assert_eq!(t.answer, Some(vec!["d1".to_string(), "d0".to_string()]));
+    assert_eq!(t.turns, 2);
+    assert_eq!(t.tools.total_calls(), 2);
+    assert!(t.tokens.is_empty(), "text mode keeps no tokens");
+    assert!(e.finish().is_err(), "finish twice");
+    assert!(e.step(Action::text(SUBMIT)).is_err(), "step after done");
+}
+
+#[test]
+fn malformed_calls_get_error_responses_and_are_counted() {
+    let mut e = env(EnvConfig::default());
+    cont(e.reset(&task()).unwrap());
+    let text = format!(
+        "{}<tool_call>{{oops</tool_call><tool_call>{{\"name\":\"nope\",\"arguments\":{{}}}}</tool_call>\
+         <tool_call>{{\"name\":\"bm25_search\",\"arguments\":{{\"query\":\"x\",\"k\":99}}}}</tool_call>\
+         <tool_call>{{\"name\":\"submit\",\"arguments\":{{\"ids\":[]}}}}</tool_call>",
+        SEARCH
+    );
+    let obs = cont(e.step(Action::text(text)).unwrap());
+    let tools: Vec<&Message> = obs
+        .messages
+        .iter()
+        .filter(|m| m.role == Role::Tool)
+        .collect();
+    assert_eq!(tools.len(), 5);
+    assert!(!tools[0].content.starts_with("error"));
+    for m in &tools[1..] {
+        assert!(m.content.starts_with("error: "), "{}", m.content);
+    }
+    assert!(tools[2].content.contains("unknown tool `nope`"));
+    assert!(tools[3].content.contains("out of range"));
+    e.step(Action::text(SUBMIT)).unwrap();
+    let t = e.finish().unwrap();
+    assert_eq!(t.failure, None);
+    assert_eq!(t.tools.errors, 4);
+    assert_eq!(t.tools.error_messages.len(), 4);
+}
+
+#[test]
+fn failure_reasons_get_the_failure_reward() {
+    let cases: Vec<(EnvConfig, Vec<Action>, FailureReason)> = vec![
+        (
+            EnvConfig {
+                max_turns: 2,
+                ..EnvConfig::default()
+            },
+            vec![Action::text(SEARCH), Action::text(SEARCH)],
+            FailureReason::TurnLimit,
+        ),
+        (
+            EnvConfig::default(),
+            vec![Action::text("I think d1.")],
+            FailureReason::NoAnswer,
+        ),
+        (
+            EnvConfig {
+                max_turns: 1,
+                ..EnvConfig::default()
+            },
+            vec![Action::text(
+                r#"<tool_call>{"name":"submit","arguments":{}}</tool_call>"#,
+            )],
+            FailureReason::InvalidAnswer,
+        ),
+        (
+            EnvConfig::default(),
+            vec![Action::Text {
+                text: SEARCH.into(),
+                truncated: true,
+            }],
+            FailureReason::TokenLimit,
+        ),
+    ];
+    for (cfg, actions, why) in cases {
+        let mut e = env(EnvConfig {
+            failure_reward: -0.5,
+            ..cfg
+        });
+        let mut step = e.reset(&task()).unwrap();
+        for a in actions {
+            assert!(matches!(step, Step::Continue(_)), "{why:?}");
+            step = e.step(a).unwrap();
+        }
+        assert_eq!(step, Step::Done, "{why:?}");
+        let t = e.finish().unwrap();
+        assert_eq!(t.failure, Some(why));
+        assert_eq!(t.reward, -0.5);
+    }
+}
+
+#[test]
+fn too_many_calls_in_one_message_are_refused() {
+    let mut e = env(EnvConfig {
+        max_calls_per_turn: 2,
+        ..EnvConfig::default()
+    });
+    cont(e.reset(&task()).unwrap());
+    let obs = cont(e.step(Action::text(SEARCH.repeat(3))).unwrap());
+    let last = obs.messages.last().unwrap();
+    assert!(
+        last.content.contains("too many tool calls"),
+        "{}",
+        last.content
+    );
+}
+
+/// Bytes as ids; 1000 ends a turn. Prompt = `[role]content` per message, tool turn likewise.
+struct ByteCodec;
+
+const EOT: u32 = 1000;
+
+fn bytes(s: &str) -> Vec<u32> {
+    s.bytes().map(u32::from).collect()
+}
+
+impl ChatCodec for ByteCodec {
+    fn encode_prompt(&self, m: &[Message], t: &[Value]) -> Result<Vec<u32>, CodecError> {
+        Ok(bytes(&self.render(m, t, true)?))
+    }
+    fn encode_tool_turn(
+        &self,
+        _h: &[Message],
+        new: &[Message],
+        t: &[Value],
+    ) -> Result<Vec<u32>, CodecError> {
+        Ok(bytes(&self.render(new, t, true)?))
+    }
+    fn decode(&self, ids: &[u32]) -> Result<String, CodecError> {
+        let b: Vec<u8> = ids.iter().filter(|i| **i < 256).map(|i| *i as u8).collect();
+        Ok(String::from_utf8_lossy(&b).into_owned())
+    }
+    fn stop_token_ids(&self) -> Vec<u32> {
+        vec![EOT]
+    }
+    fn render(&self, m: &[Message], _t: &[Value], gen: bool) -> Result<String, CodecError> {
+        let mut s: String = m
+            .iter()
+            .map(|m| format!("[{:?}]{}", m.role, m.content))
+            .collect();
+        if gen {
+            s.push_str("[Assistant]");
+        }
+        Ok(s)
+    }
+    fn encode_text(&self, text: &str) -> Result<Vec<u32>, CodecError> {
+        Ok(bytes(text))
+    }
+}
+
+fn sampled(text: &str, stop: bool) -> Action {
+    let mut ids = bytes(text);
+    if stop {
+        ids.push(EOT);
+    }
+    let n = ids.len();
+    Action::Tokens {
+        ids,
+        logprobs: vec![-0.25; n],
+        versions: vec![3; n],
+    }
+}
+
+#[test]
+fn token_mode_masks_only_sampled_tokens() {
+    let mut e = env(EnvConfig::default()).with_codec(Arc::new(ByteCodec));
+    let obs = cont(e.reset(&task()).unwrap());
+    let prompt_len = obs.new_tokens.len();
+    assert_eq!(obs.context_len, prompt_len);
+    assert!(
+        e.step(Action::text(SEARCH)).is_err(),
+        "text action in token mode"
+    );
+    let obs = cont(e.step(sampled(SEARCH, true)).unwrap());
+    assert!(!obs.new_tokens.is_empty());
+    assert_eq!(e.step(sampled(SUBMIT, true)).unwrap(), Step::Done);
+    let t = e.finish().unwrap();
+    t.check().unwrap();
+    assert_eq!(t.prompt_len, prompt_len);
+    assert_eq!(t.sampled_tokens(), SEARCH.len() + SUBMIT.len() + 2);
+    assert_eq!(
+        *t.tokens.last().unwrap(),
+        EOT,
+        "the transcript ends with the policy's tokens"
+    );
+    for i in 0..t.tokens.len() {
+        if t.loss_mask[i] == 1 {
+            assert_eq!((t.logprobs[i], t.versions[i]), (-0.25, 3));
+        }
+    }
+    assert_eq!(t.reward, 1.0);
+}
+
+#[test]
+fn token_mode_budgets() {
+    // A message that does not end with a stop token hit its cap: token_limit.
+    let mut e = env(EnvConfig::default()).with_codec(Arc::new(ByteCodec));
+    cont(e.reset(&task()).unwrap());
+    assert_eq!(e.step(sampled(SEARCH, false)).unwrap(), Step::Done);
+    assert_eq!(e.finish().unwrap().failure, Some(FailureReason::TokenLimit));
+    // Longer than max_tokens_per_turn: token_limit even with a stop token.
+    let mut e = env(EnvConfig {
+        max_tokens_per_turn: 10,
+        ..EnvConfig::default()
+    })
+    .with_codec(Arc::new(ByteCodec));
+    cont(e.reset(&task()).unwrap());
+    e.step(sampled(SEARCH, true)).unwrap();
+    assert_eq!(e.finish().unwrap().failure, Some(FailureReason::TokenLimit));
+    // The tool results outgrow the context: context_overflow.
+    let prompt = {
+        let mut e = env(EnvConfig::default()).with_codec(Arc::new(ByteCodec));
+        cont(e.reset(&task()).unwrap()).context_len
+    };
+    let cfg = EnvConfig {
+        max_context_tokens: prompt + SEARCH.len() + 30,
+        max_tokens_per_turn: 200,
+        ..EnvConfig::default()
+    };
+    let mut e = env(cfg.clone()).with_codec(Arc::new(ByteCodec));
+    let obs = cont(e.reset(&task()).unwrap());
+    assert!(
+        obs.max_new_tokens < 200,
+        "the context cap shrinks the turn cap"
+    );
+    assert_eq!(e.step(sampled(SEARCH, true)).unwrap(), Step::Done);
+    assert_eq!(
+        e.finish().unwrap().failure,
+        Some(FailureReason::ContextOverflow)
+    );
+    // A prompt that alone fills the context ends the episode at reset.
+    let mut e = env(EnvConfig {
+        max_context_tokens: 201,
+        ..cfg
+    })
+    .with_codec(Arc::new(ByteCodec));
+    assert_eq!(e.reset(&task()).unwrap(), Step::Done);
+    let t = e.finish().unwrap();
+    assert_eq!(t.failure, Some(FailureReason::ContextOverflow));
+}
+
+#[test]
+fn bad_task_and_misuse_are_errors() {
+    let mut e = env(EnvConfig::default());
+    assert!(e.step(Action::text("x")).is_err(), "step before reset");
+    let bad = Task {
+        id: "b".into(),
+        prompt: "not json".into(),
+    };
+    let msg = e.reset(&bad).unwrap_err().to_string();
+    assert!(msg.contains("task b"), "{msg}");
+    cont(e.reset(&task()).unwrap());
+    assert!(e.finish().is_err(), "finish before done");
+}

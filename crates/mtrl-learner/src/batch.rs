@@ -1,0 +1,160 @@
+//! From groups of trajectories to padded training rows.
+//!
+//! Per group: advantages from the rewards; per trajectory: a row of its tokens with the loss mask
+//! shifted to log-prob positions (`logp[t]` scores token t + 1, so `mask[t] = loss_mask[t + 1]` and
+//! `behaviour[t] = logprobs[t + 1]`). A trajectory whose oldest sampled token is more than η
+//! versions behind the learner is dropped and counted; so is one without sampled tokens.
+//! Rows are packed into micro-batches of at most `micro_batch_tokens` padded tokens (a row longer
+//! than the budget gets a micro-batch of its own), in order, so the split is deterministic.
+
+use mtrl_algo::{advantages, Advantage};
+use mtrl_core::Trajectory;
+
+use crate::error::Result;
+
+/// One training row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub tokens: Vec<u32>,
+    /// `len − 1` entries: 1 where `logp[t]` is trained.
+    pub mask: Vec<f32>,
+    /// `len − 1` entries: the rollout's log-prob of token t + 1 (0 where masked out).
+    pub behaviour: Vec<f32>,
+    pub advantage: f64,
+}
+
+/// Rows of a batch, plus what was dropped.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Rows {
+    pub rows: Vec<Row>,
+    /// Trajectories dropped for staleness > η.
+    pub dropped_stale: u64,
+    /// Trajectories without any sampled token (nothing to train).
+    pub empty: u64,
+    /// `lag_counts[k]`: trajectories whose oldest sampled token is k versions old.
+    pub lag_counts: Vec<u64>,
+}
+
+/// Builds rows from `groups` for a learner at `version` with bound `max_staleness`.
+pub fn build_rows(
+    groups: &[Vec<Trajectory>],
+    estimator: Advantage,
+    version: u64,
+    max_staleness: u64,
+) -> Result<Rows> {
+    let mut out = Rows::default();
+    for group in groups {
+        let rewards: Vec<f64> = group.iter().map(|t| t.reward).collect();
+        let adv = advantages(estimator, &rewards)?;
+        for (t, a) in group.iter().zip(adv) {
+            let oldest = t
+                .versions
+                .iter()
+                .zip(&t.loss_mask)
+                .filter(|(_, m)| **m == 1)
+                .map(|(v, _)| *v)
+                .min();
+            let Some(oldest) = oldest else {
+                out.empty += 1;
+                continue;
+            };
+            let lag = version.saturating_sub(oldest) as usize;
+            if out.lag_counts.len() <= lag {
+                out.lag_counts.resize(lag + 1, 0);
+            }
+            out.lag_counts[lag] += 1;
+            if lag as u64 > max_staleness {
+                out.dropped_stale += 1;
+                continue;
+            }
+            let n = t.tokens.len();
+            if n < 2 {
+                out.empty += 1;
+                continue;
+            }
+            let mask: Vec<f32> = t.loss_mask[1..].iter().map(|&m| m as f32).collect();
+            let behaviour: Vec<f32> = (1..n)
+                .map(|i| if t.loss_mask[i] == 1 { t.logprobs[i] } else { 0.0 })
+                .collect();
+            out.rows.push(Row {
+                tokens: t.tokens.clone(),
+                mask,
+                behaviour,
+                advantage: a,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Splits row indices into micro-batches of at most `budget` padded tokens.
+pub fn micro_batches(rows: &[Row], budget: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut max_len = 0;
+    for (i, r) in rows.iter().enumerate() {
+        let len = r.tokens.len().max(max_len);
+        if i > start && len * (i + 1 - start) > budget {
+            out.push(start..i);
+            start = i;
+            max_len = r.tokens.len();
+        } else {
+            max_len = len;
+        }
+    }
+    if start < rows.len() {
+        out.push(start..rows.len());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn traj(tokens: &[u32], mask: &[u8], version: u64, reward: f64) -> Trajectory {
+        let mut t = Trajectory::new("t");
+        for (&id, &m) in tokens.iter().zip(mask) {
+            if m == 1 {
+                t.push_sampled(&[id], &[-0.5], &[version]);
+            } else {
+                t.push_context(&[id]);
+            }
+        }
+        t.reward = reward;
+        t
+    }
+
+    #[test]
+    fn rows_shift_mask_and_drop_stale() {
+        let g = vec![
+            traj(&[1, 2, 3, 4], &[0, 0, 1, 1], 5, 1.0),
+            traj(&[1, 2, 3], &[0, 0, 1], 3, 0.0),
+            traj(&[1, 2], &[0, 0], 0, 0.0),
+        ];
+        let r = build_rows(&[g], Advantage::DrGrpo, 5, 1).unwrap();
+        assert_eq!(r.rows.len(), 1);
+        assert_eq!(r.dropped_stale, 1);
+        assert_eq!(r.empty, 1);
+        assert_eq!(r.lag_counts, vec![1, 0, 1]);
+        let row = &r.rows[0];
+        assert_eq!(row.mask, vec![0.0, 1.0, 1.0]);
+        assert_eq!(row.behaviour, vec![0.0, -0.5, -0.5]);
+        assert!((row.advantage - (1.0 - 1.0 / 3.0)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn micro_batches_respect_the_budget() {
+        let row = |n: usize| Row {
+            tokens: vec![0; n],
+            mask: vec![1.0; n - 1],
+            behaviour: vec![0.0; n - 1],
+            advantage: 0.0,
+        };
+        let rows = vec![row(4), row(4), row(8), row(2), row(20)];
+        let mb = micro_batches(&rows, 16);
+        assert_eq!(mb, vec![0..2, 2..4, 4..5]);
+        assert_eq!(micro_batches(&rows, 1000), vec![0..5]);
+        assert!(micro_batches(&[], 10).is_empty());
+    }
+}

@@ -1,0 +1,221 @@
+//! The generation engine's own thread, and the async client that episodes use to reach it.
+//!
+//! `mtrl-model`'s [`Engine`] is synchronous and not shareable, so one OS thread owns it and loops:
+//! take every queued request → `submit`; apply the newest pending weight update
+//! (`update_weights`); `step()` once; deliver finished completions to their oneshot replies. While
+//! nothing is in flight it blocks on both channels, so it wakes for a request or an update at once.
+//!
+//! Invariant (what η = 0 relies on): weights are only replaced between decode steps, and a weight
+//! update sent before a request is applied before that request's first step, because requests are
+//! drained before updates and both are drained before every step.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use candle_core::Tensor;
+use crossbeam_channel::{select, Receiver, Sender};
+use mtrl_model::{Completion, Engine, FinishReason, GenerationRequest, SeqId};
+use tokio::sync::oneshot;
+
+use crate::error::{Result, RolloutError};
+
+type Reply = oneshot::Sender<std::result::Result<Completion, String>>;
+
+struct Job {
+    req: GenerationRequest,
+    reply: Reply,
+}
+
+/// New weights for the engine (HF names), tagged with their policy version.
+pub struct WeightUpdate {
+    pub version: u64,
+    pub tensors: HashMap<String, Tensor>,
+}
+
+/// Counters the engine thread keeps (read by the trainer for per-step metrics).
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    /// Nanoseconds spent in `Engine::step`.
+    pub generate_ns: AtomicU64,
+    /// Nanoseconds spent applying weight updates.
+    pub publish_ns: AtomicU64,
+    /// Tokens sampled.
+    pub tokens: AtomicU64,
+    /// Decode steps run.
+    pub steps: AtomicU64,
+    /// The version the engine serves.
+    pub version: AtomicU64,
+}
+
+/// Cloneable handle that sends generation requests to the engine thread.
+#[derive(Clone)]
+pub struct GenClient {
+    jobs: Sender<Job>,
+}
+
+impl GenClient {
+    /// Generates one completion; resolves when the sequence finishes.
+    pub async fn generate(&self, req: GenerationRequest) -> Result<Completion> {
+        let (tx, rx) = oneshot::channel();
+        self.jobs
+            .send(Job { req, reply: tx })
+            .map_err(|_| RolloutError::EngineStopped)?;
+        match rx.await {
+            Ok(Ok(c)) => Ok(c),
+            Ok(Err(e)) => Err(RolloutError::Engine(e)),
+            Err(_) => Err(RolloutError::EngineStopped),
+        }
+    }
+}
+
+/// The running engine thread.
+pub struct EngineThread {
+    pub client: GenClient,
+    pub weights: Sender<WeightUpdate>,
+    pub stats: Arc<EngineStats>,
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<std::result::Result<(), String>>>,
+}
+
+impl EngineThread {
+    /// Moves `engine` onto a new thread.
+    pub fn spawn(engine: Engine) -> Result<EngineThread> {
+        let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded();
+        let (w_tx, w_rx) = crossbeam_channel::unbounded();
+        let stats = Arc::new(EngineStats::default());
+        stats.version.store(engine.version(), Ordering::SeqCst);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, st) = (stats.clone(), stop.clone());
+        let handle = std::thread::Builder::new()
+            .name("mtrl-engine".into())
+            .spawn(move || engine_loop(engine, jobs_rx, w_rx, s, st))
+            .map_err(|e| RolloutError::Internal(format!("cannot start the engine thread: {e}")))?;
+        Ok(EngineThread {
+            client: GenClient { jobs: jobs_tx },
+            weights: w_tx,
+            stats,
+            stop,
+            handle: Some(handle),
+        })
+    }
+
+    /// Stops the loop and joins the thread; returns the error that stopped it, if any.
+    pub fn shutdown(mut self) -> Result<()> {
+        self.stop.store(true, Ordering::SeqCst);
+        match self.handle.take().map(|h| h.join()) {
+            Some(Ok(Err(e))) => Err(RolloutError::Engine(e)),
+            Some(Err(_)) => Err(RolloutError::Internal("the engine thread panicked".into())),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Drop for EngineThread {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+fn empty(req: GenerationRequest) -> Completion {
+    Completion {
+        seq: SeqId::MAX,
+        prompt: req.prompt,
+        tokens: Vec::new(),
+        logprobs: Vec::new(),
+        versions: Vec::new(),
+        finish: FinishReason::Length,
+    }
+}
+
+fn engine_loop(
+    mut engine: Engine,
+    jobs: Receiver<Job>,
+    weights: Receiver<WeightUpdate>,
+    stats: Arc<EngineStats>,
+    stop: Arc<AtomicBool>,
+) -> std::result::Result<(), String> {
+    let mut pending: HashMap<SeqId, Reply> = HashMap::new();
+    let take = |engine: &mut Engine, job: Job, pending: &mut HashMap<SeqId, Reply>| {
+        if job.req.max_new_tokens == 0 {
+            // The engine drops such requests silently; answer at once instead.
+            let _ = job.reply.send(Ok(empty(job.req)));
+            return;
+        }
+        match engine.submit(job.req) {
+            Ok(id) => {
+                pending.insert(id, job.reply);
+            }
+            Err(e) => {
+                let _ = job.reply.send(Err(e.to_string()));
+            }
+        }
+    };
+    let apply = |engine: &mut Engine, u: WeightUpdate| -> std::result::Result<(), String> {
+        let t0 = Instant::now();
+        engine
+            .update_weights(u.version, &u.tensors)
+            .map_err(|e| format!("weight update to version {}: {e}", u.version))?;
+        stats.version.store(u.version, Ordering::SeqCst);
+        let ns = t0.elapsed().as_nanos() as u64;
+        stats.publish_ns.fetch_add(ns, Ordering::Relaxed);
+        Ok(())
+    };
+    let result = loop {
+        if stop.load(Ordering::SeqCst) {
+            break Ok(());
+        }
+        if engine.num_unfinished() == 0 {
+            select! {
+                recv(jobs) -> j => match j {
+                    Ok(j) => take(&mut engine, j, &mut pending),
+                    Err(_) => break Ok(()),
+                },
+                recv(weights) -> w => if let Ok(w) = w {
+                    if let Err(e) = apply(&mut engine, w) { break Err(e); }
+                },
+                default(Duration::from_millis(50)) => {}
+            }
+        }
+        while let Ok(j) = jobs.try_recv() {
+            take(&mut engine, j, &mut pending);
+        }
+        let mut latest = None;
+        while let Ok(w) = weights.try_recv() {
+            latest = Some(w);
+        }
+        if let Some(w) = latest {
+            if let Err(e) = apply(&mut engine, w) {
+                break Err(e);
+            }
+        }
+        if engine.num_unfinished() == 0 {
+            continue;
+        }
+        let t0 = Instant::now();
+        let out = match engine.step() {
+            Ok(o) => o,
+            Err(e) => break Err(format!("decode step: {e}")),
+        };
+        let ns = t0.elapsed().as_nanos() as u64;
+        stats.generate_ns.fetch_add(ns, Ordering::Relaxed);
+        stats.steps.fetch_add(1, Ordering::Relaxed);
+        stats
+            .tokens
+            .fetch_add(out.tokens.len() as u64, Ordering::Relaxed);
+        metrics::histogram!("rollout_decode_batch").record(out.tokens.len() as f64);
+        for c in out.finished {
+            if let Some(reply) = pending.remove(&c.seq) {
+                let _ = reply.send(Ok(c));
+            }
+        }
+    };
+    if let Err(e) = &result {
+        for (_, reply) in pending.drain() {
+            let _ = reply.send(Err(e.clone()));
+        }
+    }
+    result
+}

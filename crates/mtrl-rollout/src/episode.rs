@@ -1,0 +1,148 @@
+//! One episode: drive an [`Environment`] with generations from the shared engine.
+//!
+//! The context is kept here as the concatenation of every observation's new tokens and every
+//! sampled id, which is exactly the environment's transcript (checked against
+//! `Observation::context_len`); each turn is one generation request whose prompt is that context.
+//! Environment calls (tool execution, tokenization, scoring) run on tokio's blocking pool.
+//!
+//! Seeds: the sampling seed of (group, sample, turn) is a hash of them and the run seed, so what
+//! a sequence samples does not depend on which other sequences share its decode batches (given
+//! the same logits).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use mtrl_env::{Action, Environment, Step, Task, Trajectory};
+use mtrl_model::{GenerationRequest, SamplingParams};
+
+use crate::engine_thread::GenClient;
+use crate::error::{Result, RolloutError};
+
+/// SplitMix64 finaliser.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The sampling seed of one generation.
+pub fn sample_seed(seed: u64, group: u64, sample: u64, turn: u64) -> u64 {
+    mix(mix(mix(mix(seed) ^ group) ^ sample) ^ turn)
+}
+
+/// Time spent in the environment (tools, tokenization, reward), in nanoseconds.
+#[derive(Debug, Default)]
+pub struct EnvStats {
+    pub env_ns: AtomicU64,
+}
+
+/// Where one episode sits in the run.
+#[derive(Debug, Clone, Copy)]
+pub struct EpisodeId {
+    pub group: u64,
+    pub sample: u64,
+}
+
+/// What every episode shares.
+pub struct EpisodeContext {
+    pub gen: GenClient,
+    pub sampling: SamplingParams,
+    pub seed: u64,
+    pub stop_token_ids: Vec<u32>,
+    pub stats: Arc<EnvStats>,
+}
+
+async fn blocking<T: Send + 'static>(
+    env: Box<dyn Environment>,
+    task: &str,
+    stats: &EnvStats,
+    f: impl FnOnce(&mut dyn Environment) -> mtrl_env::Result<T> + Send + 'static,
+) -> Result<(Box<dyn Environment>, T)> {
+    let t0 = Instant::now();
+    let (env, r) = tokio::task::spawn_blocking(move || {
+        let mut env = env;
+        let r = f(env.as_mut());
+        (env, r)
+    })
+    .await
+    .map_err(|e| RolloutError::Internal(format!("environment worker: {e}")))?;
+    stats
+        .env_ns
+        .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    let v = r.map_err(|e| RolloutError::Env {
+        task: task.to_string(),
+        message: e.to_string(),
+    })?;
+    Ok((env, v))
+}
+
+/// Runs `task` in `env` to the end and returns its trajectory.
+pub async fn run_episode(
+    cx: &EpisodeContext,
+    env: Box<dyn Environment>,
+    task: Task,
+    id: EpisodeId,
+) -> Result<Trajectory> {
+    let name = task.id.clone();
+    let (mut env, mut step) = blocking(env, &name, &cx.stats, move |e| e.reset(&task)).await?;
+    let mut context: Vec<u32> = Vec::new();
+    let mut turn = 0u64;
+    while let Step::Continue(obs) = step {
+        context.extend_from_slice(&obs.new_tokens);
+        if obs.context_len != context.len() {
+            return Err(RolloutError::Env {
+                task: name,
+                message: format!(
+                    "observation says the context has {} tokens, the episode holds {}",
+                    obs.context_len,
+                    context.len()
+                ),
+            });
+        }
+        let req = GenerationRequest {
+            prompt: context.clone(),
+            sampling: SamplingParams {
+                seed: sample_seed(cx.seed, id.group, id.sample, turn),
+                ..cx.sampling.clone()
+            },
+            max_new_tokens: obs.max_new_tokens,
+            stop_token_ids: cx.stop_token_ids.clone(),
+            stop_strings: Vec::new(),
+        };
+        let c = cx.gen.generate(req).await?;
+        context.extend_from_slice(&c.tokens);
+        let action = Action::Tokens {
+            ids: c.tokens,
+            logprobs: c.logprobs,
+            versions: c.versions,
+        };
+        let (e, s) = blocking(env, &name, &cx.stats, move |e| e.step(action)).await?;
+        env = e;
+        step = s;
+        turn += 1;
+    }
+    let (_, traj) = blocking(env, &name, &cx.stats, |e| e.finish()).await?;
+    Ok(traj)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeds_differ_by_every_coordinate() {
+        let s = sample_seed(0, 1, 2, 3);
+        assert_eq!(s, sample_seed(0, 1, 2, 3));
+        for other in [
+            sample_seed(1, 1, 2, 3),
+            sample_seed(0, 2, 2, 3),
+            sample_seed(0, 1, 3, 3),
+            sample_seed(0, 1, 2, 4),
+            sample_seed(0, 2, 1, 3),
+        ] {
+            assert_ne!(s, other);
+        }
+    }
+}

@@ -1,0 +1,365 @@
+//! [`Rollout`]: the scheduler that admits groups under the staleness gate, runs their episodes
+//! concurrently (at most `max_concurrency` in flight, a fair [`Semaphore`]) over the shared engine
+//! thread, and sends each finished group on a bounded crossbeam channel as
+//! `(group index, trajectories)`.
+//!
+//! The learner's version reaches the scheduler through [`Rollout::publish`]: the new weights go to
+//! the engine thread first, then the version is bumped on a watch channel, so a group admitted
+//! because of version v + 1 is generated with version v + 1 weights (see `engine_thread`).
+//!
+//! Shutdown: a [`CancellationToken`] stops admission and aborts in-flight episodes; a
+//! [`TaskTracker`] waits for them; then the engine thread is joined. The first error of any
+//! episode cancels everything and is kept for [`Rollout::failure`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use candle_core::Tensor;
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use mtrl_env::{Environment, Mixer, Task, Trajectory};
+use mtrl_model::{Engine, SamplingParams};
+use tokio::runtime::Handle;
+use tokio::sync::{watch, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::engine_thread::{EngineStats, EngineThread, WeightUpdate};
+use crate::episode::{run_episode, EnvStats, EpisodeContext, EpisodeId};
+use crate::error::{Result, RolloutError};
+use crate::gate::Gate;
+
+/// A finished group: its admission index and its `group_size` trajectories in sample order.
+pub type Group = (u64, Vec<Trajectory>);
+
+/// Makes a fresh environment for one episode.
+pub type EnvFactory = Arc<dyn Fn() -> mtrl_env::Result<Box<dyn Environment>> + Send + Sync>;
+
+/// Where tasks come from, in admission order.
+pub trait TaskSource: Send {
+    fn next_task(&mut self) -> Task;
+}
+
+impl TaskSource for Mixer {
+    fn next_task(&mut self) -> Task {
+        Mixer::next_task(self).1.clone()
+    }
+}
+
+/// How rollouts run.
+#[derive(Debug, Clone)]
+pub struct RolloutSettings {
+    pub group_size: usize,
+    pub max_concurrency: usize,
+    /// Groups per learner step (B).
+    pub global_batch_size: usize,
+    /// η.
+    pub max_staleness: u64,
+    /// Temperature, top-p, top-k (the seed is replaced per generation).
+    pub sampling: SamplingParams,
+    pub seed: u64,
+    pub stop_token_ids: Vec<u32>,
+    /// Index of the first group to admit (`step · B` on resume).
+    pub first_group: u64,
+    /// The learner's version at start.
+    pub version: u64,
+    /// Admit no group with this index or above.
+    pub end_group: Option<u64>,
+}
+
+/// Counters for per-step metrics (monotonic; the trainer takes differences).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RolloutCounters {
+    pub generate_s: f64,
+    pub env_s: f64,
+    pub publish_s: f64,
+    pub admission_wait_s: f64,
+    pub tokens: u64,
+    pub admitted: u64,
+    pub engine_version: u64,
+}
+
+/// Running rollouts.
+pub struct Rollout {
+    engine: Option<EngineThread>,
+    version: watch::Sender<u64>,
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+    failure: Arc<Mutex<Option<RolloutError>>>,
+    engine_stats: Arc<EngineStats>,
+    env_stats: Arc<EnvStats>,
+    wait_ns: Arc<AtomicU64>,
+    admitted: Arc<AtomicU64>,
+}
+
+fn fail(slot: &Mutex<Option<RolloutError>>, cancel: &CancellationToken, e: RolloutError) {
+    if let Ok(mut s) = slot.lock() {
+        if s.is_none() && !matches!(e, RolloutError::Cancelled) {
+            *s = Some(e);
+        }
+    }
+    cancel.cancel();
+}
+
+impl Rollout {
+    /// Starts the engine thread and the scheduler on `rt`; returns the handle and the channel the
+    /// learner reads finished groups from.
+    pub fn start(
+        engine: Engine,
+        envs: EnvFactory,
+        tasks: Box<dyn TaskSource>,
+        settings: RolloutSettings,
+        rt: &Handle,
+    ) -> Result<(Rollout, Receiver<Group>)> {
+        let engine = EngineThread::spawn(engine)?;
+        let cap = (settings.max_staleness as usize + 1) * settings.global_batch_size.max(1);
+        let (tx, rx) = crossbeam_channel::bounded(cap);
+        let (version_tx, version_rx) = watch::channel(settings.version);
+        let r = Rollout {
+            version: version_tx,
+            cancel: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+            failure: Arc::new(Mutex::new(None)),
+            engine_stats: engine.stats.clone(),
+            env_stats: Arc::new(EnvStats::default()),
+            wait_ns: Arc::new(AtomicU64::new(0)),
+            admitted: Arc::new(AtomicU64::new(settings.first_group)),
+            engine: Some(engine),
+        };
+        let cx = Arc::new(EpisodeContext {
+            gen: r.engine.as_ref().map(|e| e.client.clone()).ok_or(RolloutError::EngineStopped)?,
+            sampling: settings.sampling.clone(),
+            seed: settings.seed,
+            stop_token_ids: settings.stop_token_ids.clone(),
+            stats: r.env_stats.clone(),
+        });
+        let sched = Scheduler {
+            settings,
+            envs,
+            tasks,
+            cx,
+            tx,
+            version: version_rx,
+            sem: Arc::new(Semaphore::new(1)),
+            cancel: r.cancel.clone(),
+            tracker: r.tracker.clone(),
+            failure: r.failure.clone(),
+            wait_ns: r.wait_ns.clone(),
+            admitted: r.admitted.clone(),
+        };
+        r.tracker.spawn_on(sched.run(), rt);
+        Ok((r, rx))
+    }
+
+    /// Sends new weights to the engine (applied between decode steps), then raises the version the
+    /// admission gate sees.
+    pub fn publish(&self, version: u64, tensors: HashMap<String, Tensor>) -> Result<()> {
+        let engine = self.engine.as_ref().ok_or(RolloutError::EngineStopped)?;
+        engine
+            .weights
+            .send(WeightUpdate { version, tensors })
+            .map_err(|_| RolloutError::EngineStopped)?;
+        self.version.send_replace(version);
+        Ok(())
+    }
+
+    /// The error that stopped rollouts, if any.
+    pub fn failure(&self) -> Option<RolloutError> {
+        self.failure.lock().ok().and_then(|s| s.clone())
+    }
+
+    /// Monotonic counters (seconds and totals since start).
+    pub fn counters(&self) -> RolloutCounters {
+        let s = |ns: u64| ns as f64 * 1e-9;
+        RolloutCounters {
+            generate_s: s(self.engine_stats.generate_ns.load(Ordering::Relaxed)),
+            env_s: s(self.env_stats.env_ns.load(Ordering::Relaxed)),
+            publish_s: s(self.engine_stats.publish_ns.load(Ordering::Relaxed)),
+            admission_wait_s: s(self.wait_ns.load(Ordering::Relaxed)),
+            tokens: self.engine_stats.tokens.load(Ordering::Relaxed),
+            admitted: self.admitted.load(Ordering::Relaxed),
+            engine_version: self.engine_stats.version.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Stops admission, aborts in-flight episodes, waits for them and joins the engine thread.
+    pub async fn shutdown(mut self) -> Result<()> {
+        self.cancel.cancel();
+        self.tracker.close();
+        self.tracker.wait().await;
+        if let Some(e) = self.engine.take() {
+            e.shutdown()?;
+        }
+        match self.failure() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+struct Scheduler {
+    settings: RolloutSettings,
+    envs: EnvFactory,
+    tasks: Box<dyn TaskSource>,
+    cx: Arc<EpisodeContext>,
+    tx: Sender<Group>,
+    version: watch::Receiver<u64>,
+    sem: Arc<Semaphore>,
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+    failure: Arc<Mutex<Option<RolloutError>>>,
+    wait_ns: Arc<AtomicU64>,
+    admitted: Arc<AtomicU64>,
+}
+
+impl Scheduler {
+    async fn run(mut self) {
+        self.sem = Arc::new(Semaphore::new(self.settings.max_concurrency.max(1)));
+        let gate = Gate {
+            batch: self.settings.global_batch_size as u64,
+            max_staleness: self.settings.max_staleness,
+        };
+        let mut index = self.settings.first_group;
+        loop {
+            if self.settings.end_group.is_some_and(|end| index >= end) {
+                return;
+            }
+            let t0 = Instant::now();
+            loop {
+                let v = *self.version.borrow_and_update();
+                if gate.may_admit(index, v) {
+                    break;
+                }
+                tokio::select! {
+                    _ = self.cancel.cancelled() => return,
+                    r = self.version.changed() => if r.is_err() { return },
+                }
+            }
+            let waited = t0.elapsed();
+            self.wait_ns
+                .fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
+            metrics::histogram!("rollout_admission_wait_seconds").record(waited.as_secs_f64());
+            let task = self.tasks.next_task();
+            self.tracker.spawn(run_group(
+                index,
+                task,
+                self.settings.group_size,
+                self.envs.clone(),
+                self.cx.clone(),
+                self.sem.clone(),
+                self.cancel.clone(),
+                self.tx.clone(),
+                self.failure.clone(),
+            ));
+            index += 1;
+            self.admitted.store(index, Ordering::Relaxed);
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_group(
+    index: u64,
+    task: Task,
+    group_size: usize,
+    envs: EnvFactory,
+    cx: Arc<EpisodeContext>,
+    sem: Arc<Semaphore>,
+    cancel: CancellationToken,
+    tx: Sender<Group>,
+    failure: Arc<Mutex<Option<RolloutError>>>,
+) {
+    let mut handles = Vec::with_capacity(group_size);
+    for sample in 0..group_size as u64 {
+        let (envs, cx, sem, cancel, task) = (
+            envs.clone(),
+            cx.clone(),
+            sem.clone(),
+            cancel.clone(),
+            task.clone(),
+        );
+        handles.push(tokio::spawn(async move {
+            let work = async {
+                let _permit = sem
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| RolloutError::Cancelled)?;
+                let env = envs().map_err(|e| RolloutError::Env {
+                    task: task.id.clone(),
+                    message: e.to_string(),
+                })?;
+                run_episode(&cx, env, task, EpisodeId { group: index, sample }).await
+            };
+            tokio::select! {
+                _ = cancel.cancelled() => Err(RolloutError::Cancelled),
+                r = work => r,
+            }
+        }));
+    }
+    let mut trajs = Vec::with_capacity(group_size);
+    for h in handles {
+        match h.await {
+            Ok(Ok(t)) => trajs.push(t),
+            Ok(Err(e)) => return fail(&failure, &cancel, e),
+            Err(e) => {
+                return fail(
+                    &failure,
+                    &cancel,
+                    RolloutError::Internal(format!("episode task: {e}")),
+                )
+            }
+        }
+    }
+    // The channel holds (η + 1)·B groups, which the gate never exceeds; block off the runtime
+    // threads anyway in case a consumer is slow.
+    let item = (index, trajs);
+    if let Err(crossbeam_channel::TrySendError::Full(item)) = tx.try_send(item) {
+        let _ = tokio::task::spawn_blocking(move || tx.send(item)).await;
+    }
+}
+
+/// Reassembles finished groups into learner batches in admission order: batch k is exactly
+/// groups `k·B .. (k+1)·B`, whatever order they finished in.
+pub struct InOrder {
+    rx: Receiver<Group>,
+    next: u64,
+    buffer: BTreeMap<u64, Vec<Trajectory>>,
+}
+
+impl InOrder {
+    /// `next` is the index of the first group of the next batch.
+    pub fn new(rx: Receiver<Group>, next: u64) -> InOrder {
+        InOrder {
+            rx,
+            next,
+            buffer: BTreeMap::new(),
+        }
+    }
+
+    /// Waits for the next `batch` groups; `None` when `timeout` passed first (call again) —
+    /// groups received meanwhile are kept. Errors when the rollout side is gone.
+    pub fn next_batch(
+        &mut self,
+        batch: usize,
+        timeout: Duration,
+    ) -> std::result::Result<Option<Vec<Vec<Trajectory>>>, RolloutError> {
+        let deadline = Instant::now() + timeout;
+        let end = self.next + batch as u64;
+        while (self.next..end).any(|i| !self.buffer.contains_key(&i)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok((i, g)) => {
+                    self.buffer.insert(i, g);
+                }
+                Err(RecvTimeoutError::Timeout) => return Ok(None),
+                Err(RecvTimeoutError::Disconnected) => return Err(RolloutError::EngineStopped),
+            }
+        }
+        let out = (self.next..end)
+            .filter_map(|i| self.buffer.remove(&i))
+            .collect();
+        self.next = end;
+        Ok(Some(out))
+    }
+}

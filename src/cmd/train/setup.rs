@@ -1,0 +1,224 @@
+//! Building the pieces of a training run from a validated config: device, tokenizer and codec,
+//! the initial (or seeded random) policy, task mixers, the environment factory, the step config,
+//! and the resume keys.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Tensor};
+use mtrl_core::config::{EnvironmentKind, LrScheduleKind, ModelSource};
+use mtrl_core::{ChatCodec, Config};
+use mtrl_env::rng::{hash_str, SplitMix64};
+use mtrl_env::{Mixer, SearchEnv, TaskSets};
+use mtrl_learner::{Decay, LrSchedule, StepConfig};
+use mtrl_model::policy::parameter_shapes;
+use mtrl_model::{Policy, TemplateCodec, Tokenizer};
+use mtrl_rollout::{EnvFactory, PickEnv};
+
+/// The architecture of `random:tiny` (the tiny Qwen3 of the test fixtures, vocabulary 2000).
+const TINY: &str = r#"{"architectures":["Qwen3ForCausalLM"],"attention_bias":false,
+"bos_token_id":1991,"eos_token_id":1993,"head_dim":16,"hidden_act":"silu","hidden_size":64,
+"intermediate_size":128,"max_position_embeddings":1024,"model_type":"qwen3",
+"num_attention_heads":4,"num_hidden_layers":2,"num_key_value_heads":2,"rms_norm_eps":1e-06,
+"rope_theta":1000000.0,"tie_word_embeddings":true,"torch_dtype":"float32","vocab_size":2000}"#;
+
+pub struct ModelParts {
+    pub device: Device,
+    pub dtype: DType,
+    pub tokenizer: Arc<Tokenizer>,
+    pub codec: Arc<dyn ChatCodec>,
+}
+
+pub fn model_parts(cfg: &Config) -> Result<ModelParts> {
+    let m = cfg.model()?;
+    let device = mtrl_model::parse_device(&m.device)?;
+    let dtype = mtrl_model::parse_dtype(&m.dtype)?;
+    let tok_dir = match (&m.tokenizer, &m.source) {
+        (Some(t), _) => t.clone(),
+        (None, ModelSource::Dir(d)) => d.clone(),
+        (None, _) => bail!(
+            "{}: `model.tokenizer` is needed when `model.path` is random",
+            cfg.source.display()
+        ),
+    };
+    let tokenizer = Arc::new(
+        Tokenizer::from_dir(&tok_dir)
+            .with_context(|| format!("loading the tokenizer from {}", tok_dir.display()))?,
+    );
+    let codec: Arc<dyn ChatCodec> = Arc::new(TemplateCodec::qwen(tokenizer.clone())?);
+    Ok(ModelParts {
+        device,
+        dtype,
+        tokenizer,
+        codec,
+    })
+}
+
+/// Normal(0, 0.02) weights (norms at 1) from a SplitMix64 stream seeded by `seed`: the same seed
+/// gives the same bits on every machine.
+fn seeded_random(config: mtrl_model::Config, dtype: DType, dev: &Device, seed: u64) -> Result<Policy> {
+    let mut rng = SplitMix64(seed ^ 0x5eed);
+    let mut tensors = std::collections::HashMap::new();
+    for (name, shape) in parameter_shapes(&config) {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = if shape.len() == 1 && name.contains("norm") {
+            vec![1.0; n]
+        } else {
+            (0..n)
+                .map(|_| {
+                    let (u1, u2) = (rng.next_f64().max(1e-300), rng.next_f64());
+                    ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos() * 0.02) as f32
+                })
+                .collect()
+        };
+        tensors.insert(name, Tensor::from_vec(v, shape, &Device::Cpu)?);
+    }
+    Ok(Policy::from_tensors(config, tensors, dtype, dev)?)
+}
+
+/// The policy `[model]` names, before any training.
+pub fn initial_policy(cfg: &Config, parts: &ModelParts) -> Result<Policy> {
+    let m = cfg.model()?;
+    let (dtype, dev, seed) = (parts.dtype, &parts.device, cfg.train.seed);
+    let p = match &m.source {
+        ModelSource::Dir(d) => Policy::load(d, dtype, dev)
+            .with_context(|| format!("loading the policy from {}", d.display()))?,
+        ModelSource::RandomPreset(_) => {
+            let raw: serde_json::Value = serde_json::from_str(TINY)?;
+            let c = mtrl_model::Config::from_value(raw, Path::new("random:tiny"))?;
+            seeded_random(c, dtype, dev, seed)?
+        }
+        ModelSource::RandomConfig(p) => {
+            let c = mtrl_model::Config::from_file(p)?;
+            seeded_random(c, dtype, dev, seed)?
+        }
+    };
+    parts.tokenizer.check_vocab(p.config().vocab_size)?;
+    Ok(p)
+}
+
+/// An independent copy (own storage) of `p`, for the generation engine or a frozen reference.
+pub fn copy_policy(p: &Policy) -> Result<Policy> {
+    let tensors = p
+        .named_parameters()
+        .iter()
+        .map(|(n, v)| Ok((n.clone(), v.as_tensor().detach().copy()?)))
+        .collect::<Result<_>>()?;
+    Ok(Policy::from_tensors(p.config().clone(), tensors, p.dtype(), p.device())?)
+}
+
+pub struct Data {
+    pub sets: TaskSets,
+    pub seed: u64,
+    pub tasks: usize,
+}
+
+pub fn load_data(cfg: &Config) -> Result<Data> {
+    let d = cfg.data()?;
+    if d.train.is_empty() {
+        bail!("{}: `data.train` names no task file", cfg.source.display());
+    }
+    let sets = TaskSets::load(d)?;
+    let tasks = sets.train.iter().map(|s| s.tasks.len()).sum();
+    Ok(Data {
+        sets,
+        seed: d.seed,
+        tasks,
+    })
+}
+
+impl Data {
+    pub fn mixer(&self) -> Result<Mixer> {
+        Ok(Mixer::new(self.sets.train.clone(), self.seed)?)
+    }
+}
+
+/// The environment every episode gets, as `[rollout] environment` says.
+pub fn env_factory(cfg: &Config, data: &Data, codec: Arc<dyn ChatCodec>, quiet: bool) -> Result<EnvFactory> {
+    let env_cfg = cfg.env_or_default();
+    Ok(match cfg.rollout.environment {
+        EnvironmentKind::Pick => {
+            let all: Vec<_> = data.sets.train.iter().flat_map(|d| d.tasks.clone()).collect();
+            let cands = Arc::new(mtrl_rollout::pick::candidates(&all)?);
+            let fail = env_cfg.failure_reward;
+            PickEnv::new(codec.clone(), cands.clone(), fail)?;
+            Arc::new(move || Ok(Box::new(PickEnv::new(codec.clone(), cands.clone(), fail)?) as _))
+        }
+        EnvironmentKind::Search => {
+            let (index, _) = crate::cmd::common::open_index(cfg, quiet)?;
+            let index = Arc::new(index);
+            SearchEnv::standard(env_cfg.clone(), index.clone())?;
+            Arc::new(move || {
+                let env = SearchEnv::standard(env_cfg.clone(), index.clone())?;
+                Ok(Box::new(env.with_codec(codec.clone())) as _)
+            })
+        }
+    })
+}
+
+/// Total optimizer steps of the run as configured (`--max-steps` only stops earlier).
+pub fn planned_steps(cfg: &Config, tasks: usize) -> u64 {
+    let t = &cfg.train;
+    if t.max_steps > 0 {
+        return t.max_steps;
+    }
+    ((t.max_epochs * tasks) as u64)
+        .div_ceil(t.global_batch_size as u64)
+        .max(1)
+}
+
+pub fn step_config(cfg: &Config, total_steps: u64) -> Result<StepConfig> {
+    let t = &cfg.train;
+    let schedule = LrSchedule {
+        lr: t.lr,
+        warmup_steps: t.warmup_steps,
+        decay: match t.lr_schedule {
+            LrScheduleKind::Constant => Decay::Constant,
+            LrScheduleKind::Cosine => Decay::Cosine {
+                total_steps,
+                min_lr: t.min_lr,
+            },
+        },
+    };
+    let max_len = cfg.env_or_default().max_context_tokens;
+    Ok(StepConfig::from_algorithm(
+        &cfg.algorithm,
+        cfg.rollout.temperature,
+        t.grad_clip,
+        t.micro_batch_tokens,
+        schedule,
+        max_len,
+    )?)
+}
+
+/// Config values a resume must not change, by key.
+pub fn resume_keys(cfg: &Config) -> BTreeMap<String, String> {
+    let mut k = BTreeMap::new();
+    if let Some(m) = &cfg.model {
+        k.insert("model.path".into(), m.path_text.clone());
+    }
+    if let Some(d) = &cfg.data {
+        let train: Vec<String> = d
+            .train
+            .iter()
+            .map(|t| format!("{}@{}", t.path.display(), t.weight))
+            .collect();
+        k.insert("data.train".into(), train.join(", "));
+        k.insert("data.seed".into(), d.seed.to_string());
+    }
+    k.insert("rollout.group_size".into(), cfg.rollout.group_size.to_string());
+    k.insert("rollout.environment".into(), cfg.rollout.environment.as_str().into());
+    k.insert(
+        "train.global_batch_size".into(),
+        cfg.train.global_batch_size.to_string(),
+    );
+    k
+}
+
+/// A stable hash of the config file's text.
+pub fn config_hash(cfg: &Config) -> String {
+    let text = std::fs::read_to_string(&cfg.source).unwrap_or_default();
+    format!("{:016x}", hash_str(0, &text))
+}
