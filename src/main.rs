@@ -45,6 +45,8 @@ enum BenchCommand {
     Search(cmd::bench_search::BenchSearchArgs),
     /// Prefill, decode and training throughput of the policy model.
     Model(cmd::bench_model::BenchModelArgs),
+    /// The same short training run with several staleness bounds η, side by side.
+    Train(cmd::bench_train::BenchTrainArgs),
 }
 
 fn main() {
@@ -62,6 +64,7 @@ fn main() {
         Some(Command::Train(a)) => cmd::train::run(&a),
         Some(Command::Bench(BenchCommand::Search(a))) => cmd::bench_search::run(&a),
         Some(Command::Bench(BenchCommand::Model(a))) => cmd::bench_model::run(&a),
+        Some(Command::Bench(BenchCommand::Train(a))) => cmd::bench_train::run(&a),
     };
     if let Err(err) = result {
         eprintln!("error: {err}");

@@ -2,6 +2,7 @@
 
 pub mod bench_model;
 pub mod bench_search;
+pub mod bench_train;
 pub mod common;
 pub mod data;
 pub mod demo;

@@ -130,10 +130,16 @@ pub fn train(cfg: &Config, args: &TrainArgs, stop: Arc<AtomicBool>) -> Result<Su
     }
     let (latest, rejected) = mgr.latest_valid()?;
     for r in &rejected {
-        eprintln!("checkpoint {} is unusable ({}); trying an older one", r.path.display(), r.reason);
+        eprintln!(
+            "checkpoint {} is unusable ({}); trying an older one",
+            r.path.display(),
+            r.reason
+        );
     }
     let initial = setup::initial_policy(cfg, &parts)?;
-    let reference = (cfg.algorithm.kl_coef > 0.0).then(|| setup::copy_policy(&initial)).transpose()?;
+    let reference = (cfg.algorithm.kl_coef > 0.0)
+        .then(|| setup::copy_policy(&initial))
+        .transpose()?;
     let mut state = TrainerState {
         config_hash: setup::config_hash(cfg),
         resume_keys: setup::resume_keys(cfg),
@@ -250,7 +256,14 @@ pub fn train(cfg: &Config, args: &TrainArgs, stop: Arc<AtomicBool>) -> Result<Su
                 publish_s,
                 learn_wait_s: wait_s,
             };
-            let rec = report::step_record(state.step, &batch, &m, &before, &rollout.counters(), &timing);
+            let rec = report::step_record(
+                state.step,
+                &batch,
+                &m,
+                &before,
+                &rollout.counters(),
+                &timing,
+            );
             writeln!(log, "{rec}")?;
             bar.set_position(state.step);
             bar.set_message(format!(

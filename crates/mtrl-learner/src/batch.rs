@@ -74,7 +74,13 @@ pub fn build_rows(
             }
             let mask: Vec<f32> = t.loss_mask[1..].iter().map(|&m| m as f32).collect();
             let behaviour: Vec<f32> = (1..n)
-                .map(|i| if t.loss_mask[i] == 1 { t.logprobs[i] } else { 0.0 })
+                .map(|i| {
+                    if t.loss_mask[i] == 1 {
+                        t.logprobs[i]
+                    } else {
+                        0.0
+                    }
+                })
                 .collect();
             out.rows.push(Row {
                 tokens: t.tokens.clone(),

@@ -22,8 +22,7 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 use mtrl_algo::{
-    aggregate, kl_k3, per_token_loss, Advantage, Aggregation, GlobalCounts, LossInputs,
-    PolicyLoss,
+    aggregate, kl_k3, per_token_loss, Advantage, Aggregation, GlobalCounts, LossInputs, PolicyLoss,
 };
 use mtrl_core::{AlgorithmConfig, Trajectory};
 use mtrl_model::{logprobs_and_grads, token_logprobs, Policy};
@@ -216,7 +215,11 @@ impl Learner {
             sequences: rows.rows.len() as u64,
             ..StepMetrics::default()
         };
-        let tokens: f64 = rows.rows.iter().map(|r| r.mask.iter().sum::<f32>() as f64).sum();
+        let tokens: f64 = rows
+            .rows
+            .iter()
+            .map(|r| r.mask.iter().sum::<f32>() as f64)
+            .sum();
         m.tokens = tokens as u64;
         self.version += 1;
         m.version = self.version;
@@ -238,14 +241,25 @@ impl Learner {
             m.padded_tokens += mb.padded as u64;
             let reference = match &self.reference {
                 Some(r) if cfg.kl_coef > 0.0 => Some(
-                    token_logprobs(r, &mb.ids, Some(&mb.attention), cfg.temperature, false, 1 << 25)?
-                        .logprobs,
+                    token_logprobs(
+                        r,
+                        &mb.ids,
+                        Some(&mb.attention),
+                        cfg.temperature,
+                        false,
+                        1 << 25,
+                    )?
+                    .logprobs,
                 ),
                 _ => None,
             };
             let mut diag = (0.0, 0.0, 0.0);
-            let (loss, fwd, g) =
-                logprobs_and_grads(&self.policy, &mb.ids, Some(&mb.attention), cfg.temperature, |lp| {
+            let (loss, fwd, g) = logprobs_and_grads(
+                &self.policy,
+                &mb.ids,
+                Some(&mb.attention),
+                cfg.temperature,
+                |lp| {
                     let old = lp.detach();
                     let x = LossInputs {
                         logp: lp,
@@ -270,7 +284,8 @@ impl Learner {
                         l = (l + (k * cfg.kl_coef)?)?;
                     }
                     Ok(l)
-                })?;
+                },
+            )?;
             m.loss += loss as f64;
             clipped += diag.0;
             wsum += diag.1;
@@ -288,7 +303,11 @@ impl Learner {
             }
         }
         m.clip_fraction = clipped / tokens;
-        m.behaviour_weight = if cfg.tis_cap.is_some() { wsum / tokens } else { 0.0 };
+        m.behaviour_weight = if cfg.tis_cap.is_some() {
+            wsum / tokens
+        } else {
+            0.0
+        };
         m.kl = kl_sum / tokens;
         m.entropy = nll_sum / tokens;
         let norm = if cfg.grad_clip > 0.0 {
@@ -299,7 +318,8 @@ impl Learner {
         m.grad_norm = norm;
         m.lr = cfg.schedule.lr_at(self.opt.step_count() + 1);
         if norm.is_finite() && m.loss.is_finite() {
-            self.opt.step(self.policy.named_parameters(), &grads, m.lr)?;
+            self.opt
+                .step(self.policy.named_parameters(), &grads, m.lr)?;
         } else {
             m.skipped = true;
         }

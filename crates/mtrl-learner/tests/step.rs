@@ -10,17 +10,24 @@ use mtrl_learner::{AdamW, AdamWConfig, Learner, LrSchedule, StepConfig};
 use mtrl_model::Policy;
 
 fn policy() -> Policy {
-    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/tiny-qwen3"));
+    let dir = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/fixtures/tiny-qwen3"
+    ));
     Policy::load(&dir, DType::F32, &Device::Cpu).unwrap()
 }
 
 fn traj(seed: u32, reward: f64, version: u64) -> Trajectory {
     let mut t = Trajectory::new(format!("t{seed}"));
-    let prompt: Vec<u32> = (0..5 + seed % 3).map(|i| 10 + (seed * 7 + i) % 900).collect();
+    let prompt: Vec<u32> = (0..5 + seed % 3)
+        .map(|i| 10 + (seed * 7 + i) % 900)
+        .collect();
     t.push_context(&prompt);
     t.prompt_len = prompt.len();
     let n = 2 + (seed % 4) as usize;
-    let ids: Vec<u32> = (0..n as u32).map(|i| 100 + (seed * 13 + i * 5) % 800).collect();
+    let ids: Vec<u32> = (0..n as u32)
+        .map(|i| 100 + (seed * 13 + i * 5) % 800)
+        .collect();
     t.push_sampled(&ids, &vec![-7.6; n], &vec![version; n]);
     t.push_context(&[1993]);
     t.reward = reward;
@@ -43,9 +50,15 @@ fn learner(micro_batch_tokens: usize, kl_coef: f64) -> Learner {
         kl_coef,
         ..AlgorithmConfig::default()
     };
-    let cfg =
-        StepConfig::from_algorithm(&a, 1.0, 1.0, micro_batch_tokens, LrSchedule::constant(1e-3), 64)
-            .unwrap();
+    let cfg = StepConfig::from_algorithm(
+        &a,
+        1.0,
+        1.0,
+        micro_batch_tokens,
+        LrSchedule::constant(1e-3),
+        64,
+    )
+    .unwrap();
     let p = policy();
     let reference = (kl_coef > 0.0).then(policy);
     Learner::new(p, reference, AdamW::new(AdamWConfig::default()), cfg, 4)
@@ -55,7 +68,13 @@ fn flat(l: &Learner) -> Vec<f32> {
     l.policy
         .named_parameters()
         .values()
-        .flat_map(|v| v.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap())
+        .flat_map(|v| {
+            v.as_tensor()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        })
         .collect()
 }
 
@@ -69,12 +88,25 @@ fn micro_batching_does_not_change_the_update() {
     assert_eq!(mw.micro_batches, 1);
     assert!(ms.micro_batches > 3, "{}", ms.micro_batches);
     assert_eq!((mw.tokens, ms.tokens), (mw.tokens, mw.tokens));
-    assert!((mw.loss - ms.loss).abs() < 1e-6, "{} vs {}", mw.loss, ms.loss);
+    assert!(
+        (mw.loss - ms.loss).abs() < 1e-6,
+        "{} vs {}",
+        mw.loss,
+        ms.loss
+    );
     assert!(((mw.grad_norm - ms.grad_norm) / mw.grad_norm).abs() < 1e-4);
     let (a, b) = (flat(&whole), flat(&split));
     let moved = a.iter().zip(&before).filter(|(x, y)| x != y).count();
-    assert!(moved > a.len() / 2, "the update moved {moved} of {} weights", a.len());
-    let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(
+        moved > a.len() / 2,
+        "the update moved {moved} of {} weights",
+        a.len()
+    );
+    let diff = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
     // Adam's first step moves every weight by about lr·sign(g), so weights whose gradient is
     // float noise differ by a summation-order rounding; 1e-4 = lr / 10 (measured: 2e-5).
     assert!(diff < 1e-4, "max weight difference {diff}");
@@ -98,7 +130,10 @@ fn stale_samples_are_dropped_and_counted_and_weights_are_copies() {
     l.step(&groups(5)).unwrap();
     assert_eq!(published[name].to_vec1::<f32>().unwrap(), snap);
     assert_ne!(
-        l.policy.named_parameters()[name].as_tensor().to_vec1::<f32>().unwrap(),
+        l.policy.named_parameters()[name]
+            .as_tensor()
+            .to_vec1::<f32>()
+            .unwrap(),
         snap
     );
     // Nothing to train: the version still advances, the weights do not move.

@@ -15,6 +15,9 @@ pub enum RolloutError {
     /// An environment failed (bad task, codec error, protocol misuse).
     #[error("environment, task {task}: {message}")]
     Env { task: String, message: String },
+    /// No group can arrive any more (the scheduler and every group task have ended).
+    #[error("rollouts stopped")]
+    Stopped,
     /// Rollouts were cancelled (shutdown).
     #[error("rollouts cancelled")]
     Cancelled,

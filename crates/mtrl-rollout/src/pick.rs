@@ -128,7 +128,9 @@ impl Environment for PickEnv {
             versions,
         } = action
         else {
-            return Err(EnvError::Protocol("the pick environment takes tokens".into()));
+            return Err(EnvError::Protocol(
+                "the pick environment takes tokens".into(),
+            ));
         };
         let choice = ids.first().map(|&t| self.choice(t).to_string());
         let ep = self.episode()?;
@@ -136,7 +138,9 @@ impl Environment for PickEnv {
             return Err(EnvError::Protocol("step after the episode ended".into()));
         }
         if !ep.traj.push_sampled(&ids, &logprobs, &versions) {
-            return Err(EnvError::Protocol("ids, logprobs and versions differ in length".into()));
+            return Err(EnvError::Protocol(
+                "ids, logprobs and versions differ in length".into(),
+            ));
         }
         ep.traj.turns = 1;
         ep.done = true;

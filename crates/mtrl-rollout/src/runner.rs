@@ -128,7 +128,11 @@ impl Rollout {
             engine: Some(engine),
         };
         let cx = Arc::new(EpisodeContext {
-            gen: r.engine.as_ref().map(|e| e.client.clone()).ok_or(RolloutError::EngineStopped)?,
+            gen: r
+                .engine
+                .as_ref()
+                .map(|e| e.client.clone())
+                .ok_or(RolloutError::EngineStopped)?,
             sampling: settings.sampling.clone(),
             seed: settings.seed,
             stop_token_ids: settings.stop_token_ids.clone(),
@@ -289,7 +293,16 @@ async fn run_group(
                     task: task.id.clone(),
                     message: e.to_string(),
                 })?;
-                run_episode(&cx, env, task, EpisodeId { group: index, sample }).await
+                run_episode(
+                    &cx,
+                    env,
+                    task,
+                    EpisodeId {
+                        group: index,
+                        sample,
+                    },
+                )
+                .await
             };
             tokio::select! {
                 _ = cancel.cancelled() => Err(RolloutError::Cancelled),
@@ -353,7 +366,7 @@ impl InOrder {
                     self.buffer.insert(i, g);
                 }
                 Err(RecvTimeoutError::Timeout) => return Ok(None),
-                Err(RecvTimeoutError::Disconnected) => return Err(RolloutError::EngineStopped),
+                Err(RecvTimeoutError::Disconnected) => return Err(RolloutError::Stopped),
             }
         }
         let out = (self.next..end)

@@ -60,8 +60,16 @@ pub fn step_record(
     let failure_rate = failures.values().sum::<u64>() as f64 / n;
     let gen_s = after.generate_s - before.generate_s;
     let tokens = after.tokens - before.tokens;
-    let rollout_tps = if gen_s > 0.0 { tokens as f64 / gen_s } else { 0.0 };
-    let learner_tps = if m.learn_s > 0.0 { m.padded_tokens as f64 / m.learn_s } else { 0.0 };
+    let rollout_tps = if gen_s > 0.0 {
+        tokens as f64 / gen_s
+    } else {
+        0.0
+    };
+    let learner_tps = if m.learn_s > 0.0 {
+        m.padded_tokens as f64 / m.learn_s
+    } else {
+        0.0
+    };
     let wait = after.admission_wait_s - before.admission_wait_s;
     let tools_s = after.env_s - before.env_s;
 

@@ -58,7 +58,12 @@ pub fn model_parts(cfg: &Config) -> Result<ModelParts> {
 
 /// Normal(0, 0.02) weights (norms at 1) from a SplitMix64 stream seeded by `seed`: the same seed
 /// gives the same bits on every machine.
-fn seeded_random(config: mtrl_model::Config, dtype: DType, dev: &Device, seed: u64) -> Result<Policy> {
+fn seeded_random(
+    config: mtrl_model::Config,
+    dtype: DType,
+    dev: &Device,
+    seed: u64,
+) -> Result<Policy> {
     let mut rng = SplitMix64(seed ^ 0x5eed);
     let mut tensors = std::collections::HashMap::new();
     for (name, shape) in parameter_shapes(&config) {
@@ -106,7 +111,12 @@ pub fn copy_policy(p: &Policy) -> Result<Policy> {
         .iter()
         .map(|(n, v)| Ok((n.clone(), v.as_tensor().detach().copy()?)))
         .collect::<Result<_>>()?;
-    Ok(Policy::from_tensors(p.config().clone(), tensors, p.dtype(), p.device())?)
+    Ok(Policy::from_tensors(
+        p.config().clone(),
+        tensors,
+        p.dtype(),
+        p.device(),
+    )?)
 }
 
 pub struct Data {
@@ -136,11 +146,21 @@ impl Data {
 }
 
 /// The environment every episode gets, as `[rollout] environment` says.
-pub fn env_factory(cfg: &Config, data: &Data, codec: Arc<dyn ChatCodec>, quiet: bool) -> Result<EnvFactory> {
+pub fn env_factory(
+    cfg: &Config,
+    data: &Data,
+    codec: Arc<dyn ChatCodec>,
+    quiet: bool,
+) -> Result<EnvFactory> {
     let env_cfg = cfg.env_or_default();
     Ok(match cfg.rollout.environment {
         EnvironmentKind::Pick => {
-            let all: Vec<_> = data.sets.train.iter().flat_map(|d| d.tasks.clone()).collect();
+            let all: Vec<_> = data
+                .sets
+                .train
+                .iter()
+                .flat_map(|d| d.tasks.clone())
+                .collect();
             let cands = Arc::new(mtrl_rollout::pick::candidates(&all)?);
             let fail = env_cfg.failure_reward;
             PickEnv::new(codec.clone(), cands.clone(), fail)?;
@@ -208,8 +228,14 @@ pub fn resume_keys(cfg: &Config) -> BTreeMap<String, String> {
         k.insert("data.train".into(), train.join(", "));
         k.insert("data.seed".into(), d.seed.to_string());
     }
-    k.insert("rollout.group_size".into(), cfg.rollout.group_size.to_string());
-    k.insert("rollout.environment".into(), cfg.rollout.environment.as_str().into());
+    k.insert(
+        "rollout.group_size".into(),
+        cfg.rollout.group_size.to_string(),
+    );
+    k.insert(
+        "rollout.environment".into(),
+        cfg.rollout.environment.as_str().into(),
+    );
     k.insert(
         "train.global_batch_size".into(),
         cfg.train.global_batch_size.to_string(),

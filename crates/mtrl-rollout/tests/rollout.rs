@@ -1,0 +1,174 @@
+//! Rollouts over the tiny Qwen3 fixture in the one-token `pick` environment: the staleness gate
+//! admits exactly (η + v + 1)·B groups, published weights are picked up and tag the tokens
+//! sampled after them, groups are reassembled in admission order, and an environment error
+//! stops rollouts with a message naming the task.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use candle_core::{DType, Device};
+use mtrl_core::ChatCodec;
+use mtrl_env::{EnvError, Task};
+use mtrl_model::{Engine, Policy, SamplingParams, TemplateCodec, Tokenizer};
+use mtrl_rollout::{
+    EnvFactory, InOrder, PickEnv, Rollout, RolloutError, RolloutSettings, TaskSource,
+};
+
+fn fixture() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/fixtures/tiny-qwen3"
+    ))
+}
+
+struct Cycle(Vec<Task>, usize);
+
+impl TaskSource for Cycle {
+    fn next_task(&mut self) -> Task {
+        self.1 += 1;
+        self.0[(self.1 - 1) % self.0.len()].clone()
+    }
+}
+
+fn tasks() -> Vec<Task> {
+    (0..4)
+        .map(|i| Task {
+            id: format!("q{i}"),
+            prompt: format!(r#"{{"query": "word{i}", "qrels": {{"d{i}": 1}}}}"#),
+        })
+        .collect()
+}
+
+fn start(staleness: u64, envs: Option<EnvFactory>) -> (tokio::runtime::Runtime, Rollout, InOrder) {
+    let policy = Policy::load(&fixture(), DType::F32, &Device::Cpu).unwrap();
+    let tok = Arc::new(Tokenizer::from_dir(&fixture()).unwrap());
+    let codec: Arc<dyn ChatCodec> = Arc::new(TemplateCodec::qwen(tok).unwrap());
+    let cands = Arc::new(mtrl_rollout::pick::candidates(&tasks()).unwrap());
+    let c = codec.clone();
+    let envs = envs.unwrap_or_else(|| {
+        Arc::new(move || Ok(Box::new(PickEnv::new(c.clone(), cands.clone(), -1.0)?) as _))
+    });
+    let settings = RolloutSettings {
+        group_size: 3,
+        max_concurrency: 4,
+        global_batch_size: 2,
+        max_staleness: staleness,
+        sampling: SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: 0,
+        },
+        seed: 7,
+        stop_token_ids: codec.stop_token_ids(),
+        first_group: 0,
+        version: 0,
+        end_group: None,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let engine = Engine::new(policy, None, 0, 8);
+    let (r, rx) = Rollout::start(
+        engine,
+        envs,
+        Box::new(Cycle(tasks(), 0)),
+        settings,
+        rt.handle(),
+    )
+    .unwrap();
+    (rt, r, InOrder::new(rx, 0))
+}
+
+fn versions(batch: &[Vec<mtrl_core::Trajectory>]) -> Vec<u64> {
+    batch
+        .iter()
+        .flatten()
+        .flat_map(|t| {
+            t.versions
+                .iter()
+                .zip(&t.loss_mask)
+                .filter(|(_, m)| **m == 1)
+                .map(|(v, _)| *v)
+        })
+        .collect()
+}
+
+#[test]
+fn synchronous_gate_and_weight_pickup() {
+    let (rt, r, mut batches) = start(0, None);
+    let b0 = batches
+        .next_batch(2, Duration::from_secs(30))
+        .unwrap()
+        .unwrap();
+    assert_eq!(b0.len(), 2);
+    assert!(b0.iter().all(|g| g.len() == 3));
+    assert_eq!(b0[0][0].task_id, "q0");
+    assert_eq!(b0[1][0].task_id, "q1");
+    assert!(versions(&b0).iter().all(|v| *v == 0));
+    for t in b0.iter().flatten() {
+        t.check().unwrap();
+        assert_eq!(t.sampled_tokens(), 1);
+    }
+    // η = 0: nothing more is admitted until the learner publishes version 1.
+    assert!(batches
+        .next_batch(1, Duration::from_millis(400))
+        .unwrap()
+        .is_none());
+    assert_eq!(r.counters().admitted, 2);
+    let weights: HashMap<_, _> = Policy::load(&fixture(), DType::F32, &Device::Cpu)
+        .unwrap()
+        .named_parameters()
+        .iter()
+        .map(|(n, v)| (n.clone(), v.as_tensor().copy().unwrap()))
+        .collect();
+    r.publish(1, weights).unwrap();
+    let b1 = batches
+        .next_batch(2, Duration::from_secs(30))
+        .unwrap()
+        .unwrap();
+    assert_eq!(b1[0][0].task_id, "q2");
+    assert!(versions(&b1).iter().all(|v| *v == 1), "{:?}", versions(&b1));
+    let c = r.counters();
+    assert_eq!((c.admitted, c.engine_version), (4, 1));
+    assert!(c.tokens >= 12 && c.generate_s > 0.0);
+    rt.block_on(r.shutdown()).unwrap();
+}
+
+#[test]
+fn staleness_bound_admits_eta_plus_one_batches() {
+    let (rt, r, mut batches) = start(1, None);
+    let b = batches
+        .next_batch(4, Duration::from_secs(30))
+        .unwrap()
+        .unwrap();
+    assert_eq!(b.len(), 4);
+    assert!(batches
+        .next_batch(1, Duration::from_millis(400))
+        .unwrap()
+        .is_none());
+    assert_eq!(r.counters().admitted, 4);
+    assert!(r.failure().is_none());
+    rt.block_on(r.shutdown()).unwrap();
+}
+
+#[test]
+fn environment_errors_stop_rollouts_and_name_the_task() {
+    let envs: EnvFactory = Arc::new(|| Err(EnvError::Protocol("no environment today".into())));
+    let (rt, r, mut batches) = start(0, Some(envs));
+    // The channel closes once every group task has ended.
+    let got = batches.next_batch(2, Duration::from_secs(5));
+    assert!(
+        matches!(got, Ok(None) | Err(RolloutError::Stopped)),
+        "{got:?}"
+    );
+    let msg = r.failure().unwrap().to_string();
+    assert!(msg.contains("q0") || msg.contains("q1"), "{msg}");
+    assert!(msg.contains("no environment today"), "{msg}");
+    let err = rt.block_on(r.shutdown()).unwrap_err().to_string();
+    assert!(err.contains("no environment today"), "{err}");
+}
