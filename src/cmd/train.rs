@@ -36,8 +36,8 @@ pub struct TrainArgs {
     /// The run's TOML config ([model], [data], [rollout], [algorithm], [train], [checkpoint], …).
     #[arg(long)]
     pub config: PathBuf,
-    /// Start from scratch: delete the checkpoints and metrics in `checkpoint.dir` instead of
-    /// resuming from them.
+    /// Start from scratch instead of resuming: earlier checkpoints and metrics in
+    /// `checkpoint.dir` are moved into `previous-<unix time>/`, never deleted.
     #[arg(long)]
     pub fresh: bool,
     /// Stop after this step (the LR schedule still follows the config's length).
@@ -84,14 +84,34 @@ fn metrics_path(cfg: &Config) -> PathBuf {
     cfg.checkpoint.dir.join("metrics.jsonl")
 }
 
+/// `--fresh`: moves the run's checkpoints and metrics into `checkpoint.dir/previous-<unix time>/`
+/// (never deletes them: a mistyped flag must not lose a run).
 fn clear_run(cfg: &Config, mgr: &CheckpointManager) -> Result<()> {
-    for (_, p) in mgr.list()? {
-        std::fs::remove_dir_all(&p).with_context(|| format!("removing {}", p.display()))?;
-    }
+    let mut old: Vec<std::path::PathBuf> = mgr.list()?.into_iter().map(|(_, p)| p).collect();
     let m = metrics_path(cfg);
     if m.exists() {
-        std::fs::remove_file(&m).with_context(|| format!("removing {}", m.display()))?;
+        old.push(m);
     }
+    if old.is_empty() {
+        return Ok(());
+    }
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let aside = mgr.dir().join(format!("previous-{secs}"));
+    std::fs::create_dir_all(&aside).with_context(|| format!("creating {}", aside.display()))?;
+    for p in &old {
+        if let Some(name) = p.file_name() {
+            std::fs::rename(p, aside.join(name))
+                .with_context(|| format!("moving {} into {}", p.display(), aside.display()))?;
+        }
+    }
+    eprintln!(
+        "--fresh: moved {} earlier checkpoint files into {}",
+        old.len(),
+        aside.display()
+    );
     Ok(())
 }
 
