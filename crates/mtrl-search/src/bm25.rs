@@ -23,7 +23,7 @@ use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, TantivyDocument, Te
 
 use crate::corpus::Corpus;
 use crate::error::{Result, SearchError};
-use crate::{snippet, Hit, Retriever};
+use crate::{Hit, Retriever};
 
 const ANALYZER: &str = "mtrl_en";
 const BODY: &str = "body";
@@ -216,18 +216,8 @@ impl Retriever for Bm25Index {
 
     fn search(&self, query: &str, k: usize) -> Result<Vec<Hit>> {
         Ok(self
-            .search_ords(query, k)?
-            .into_iter()
-            .filter_map(|(ord, score)| {
-                let d = self.corpus.get(ord)?;
-                Some(Hit {
-                    doc_id: d.id.clone(),
-                    score,
-                    title: d.title.clone(),
-                    snippet: snippet(&d.text, self.snippet_chars),
-                })
-            })
-            .collect())
+            .corpus
+            .hits(self.search_ords(query, k)?, self.snippet_chars))
     }
 }
 

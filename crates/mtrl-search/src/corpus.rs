@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::error::{Result, SearchError};
 use crate::readers::{self, Format};
+use crate::{snippet, Hit};
 
 /// One retrievable document.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -177,6 +178,27 @@ impl Corpus {
 
     pub fn documents(&self) -> &[Document] {
         &self.docs
+    }
+
+    /// Turns `(ord, score)` pairs into hits with titles and snippets of `snippet_chars`
+    /// characters (ords outside the corpus are dropped).
+    pub fn hits(
+        &self,
+        scored: impl IntoIterator<Item = (usize, f32)>,
+        snippet_chars: usize,
+    ) -> Vec<Hit> {
+        scored
+            .into_iter()
+            .filter_map(|(ord, score)| {
+                let d = self.get(ord)?;
+                Some(Hit {
+                    doc_id: d.id.clone(),
+                    score,
+                    title: d.title.clone(),
+                    snippet: snippet(&d.text, snippet_chars),
+                })
+            })
+            .collect()
     }
 }
 

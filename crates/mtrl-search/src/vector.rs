@@ -18,7 +18,7 @@ use hnsw_rs::prelude::{AnnT, DistCosine, Hnsw, HnswIo};
 use crate::corpus::Corpus;
 use crate::embed::Embedder;
 use crate::error::{Result, SearchError};
-use crate::{snippet, Hit, Retriever};
+use crate::{Hit, Retriever};
 
 const MAGIC: &[u8; 8] = b"MTRLEMB1";
 const EMB_FORMAT_VERSION: u32 = 1;
@@ -265,18 +265,8 @@ impl Retriever for VectorIndex {
                 SearchError::InvalidArgument("embedder returned no vector".into())
             })?;
         Ok(self
-            .search_vector(&q, k)
-            .into_iter()
-            .filter_map(|(ord, score)| {
-                let d = self.corpus.get(ord)?;
-                Some(Hit {
-                    doc_id: d.id.clone(),
-                    score,
-                    title: d.title.clone(),
-                    snippet: snippet(&d.text, self.snippet_chars),
-                })
-            })
-            .collect())
+            .corpus
+            .hits(self.search_vector(&q, k), self.snippet_chars))
     }
 }
 
