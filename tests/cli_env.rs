@@ -3,28 +3,14 @@
 //! `custom_tool` example.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+
+mod common;
+use common::{mtrl, repo};
 
 // The example, compiled into this test so that it is run, not only built.
 #[path = "../examples/custom_tool.rs"]
 #[allow(dead_code)]
 mod custom_tool;
-
-fn mtrl(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_mtrl"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// Cranfield with the hashing embedder, indexed in `dir`, plus `extra` TOML.
 fn cranfield_config(dir: &Path, file: &str, extra: &str) -> PathBuf {

@@ -1,23 +1,9 @@
 //! End-to-end tests of the search commands through the real `mtrl` binary.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-fn mtrl(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_mtrl"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+mod common;
+use common::{mtrl, repo};
 
 /// A config over the real MuSiQue-100 collection with the hashing embedder, indexed in `dir`.
 fn musique_config(dir: &Path) -> PathBuf {
