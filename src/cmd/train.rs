@@ -294,7 +294,7 @@ pub fn train(cfg: &Config, args: &TrainArgs, stop: Arc<AtomicBool>) -> Result<Su
             state.metrics.push(rec.clone());
             records.push(rec);
             let every = cfg.checkpoint.every_steps;
-            if every > 0 && state.step % every == 0 {
+            if every > 0 && state.step.is_multiple_of(every) {
                 save(&mgr, &learner, &mut state, &shadow, parts.dtype)?;
                 last_saved = state.step;
             }

@@ -219,7 +219,7 @@ impl Config {
             ));
         }
         let kv = r.num_key_value_heads.unwrap_or(heads);
-        if kv == 0 || heads % kv != 0 {
+        if kv == 0 || !heads.is_multiple_of(kv) {
             return Err(invalid(
                 path,
                 "num_key_value_heads",
@@ -227,7 +227,7 @@ impl Config {
             ));
         }
         let head_dim = r.head_dim.unwrap_or(r.hidden_size / heads);
-        if head_dim == 0 || head_dim % 2 != 0 {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(invalid(
                 path,
                 "head_dim",
