@@ -201,7 +201,8 @@ impl BertEmbedder {
                 "`position_embedding_type` must be `absolute`".into(),
             ));
         }
-        if cfg.num_attention_heads == 0 || !cfg.hidden_size.is_multiple_of(cfg.num_attention_heads) {
+        if cfg.num_attention_heads == 0 || !cfg.hidden_size.is_multiple_of(cfg.num_attention_heads)
+        {
             return Err(err(
                 &cfg_path,
                 "`hidden_size` must be a multiple of `num_attention_heads`".into(),
