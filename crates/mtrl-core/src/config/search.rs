@@ -56,7 +56,7 @@ pub struct Bm25Spec {
     pub stemming: Option<bool>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VectorSpec {
     pub m: Option<usize>,
@@ -155,15 +155,7 @@ impl SearchSpec {
     pub(crate) fn validate(self, ctx: &Ctx<'_>) -> Result<SearchConfig> {
         ctx.non_empty("search.corpus", &self.corpus)?;
         ctx.non_empty("search.index_dir", &self.index_dir)?;
-        let v = self.vector.unwrap_or(VectorSpec {
-            m: None,
-            ef_construction: None,
-            ef_search: None,
-            hash_dim: None,
-            max_seq_len: None,
-            batch_size: None,
-            device: None,
-        });
+        let v = self.vector.unwrap_or_default();
         let hash_dim = ctx.range("search.vector.hash_dim", v.hash_dim.unwrap_or(384), 8, 8192)?;
         let embedder = match self.embedder.as_deref().unwrap_or("hash") {
             "" => return Err(ctx.invalid("search.embedder", "must not be empty")),
