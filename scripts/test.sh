@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
 # The test command of the README and of .ci/run: fetch the real embedder weights once (they are
-# not in git), then run the whole workspace test suite. Tests need no network after this step.
+# not in git), install MLflow once and start a throw-away tracking server on loopback for
+# tests/mlflow.rs (stopped on exit), then run the whole workspace test suite. Tests need no
+# network after these steps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-embedder.sh
+if [ -z "${MTRL_TEST_MLFLOW_URI:-}" ]; then
+  mlflow_env="$(scripts/mlflow-server.sh start)"
+  MTRL_TEST_MLFLOW_URI="$(sed -n 's/^MTRL_MLFLOW_URI=//p' <<<"$mlflow_env")"
+  mlflow_dir="$(sed -n 's/^MTRL_MLFLOW_DIR=//p' <<<"$mlflow_env")"
+  export MTRL_TEST_MLFLOW_URI
+  trap 'scripts/mlflow-server.sh stop "$mlflow_dir"' EXIT
+fi
 cargo test --workspace "$@"

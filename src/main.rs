@@ -3,6 +3,7 @@
 //! their whole cause chain and exit code 1 (ripgrep style); nothing here holds domain logic.
 
 mod cmd;
+mod telemetry;
 
 use clap::{Parser, Subcommand};
 
@@ -32,11 +33,22 @@ enum Command {
     Data(cmd::data::DataCommand),
     /// Run episodes of a scripted baseline policy in the search environment.
     Rollout(cmd::rollout::RolloutArgs),
-    /// Train the policy with RL (asynchronous rollouts, checkpoints, automatic resume).
+    /// Train the policy with RL (asynchronous rollouts, checkpoints, automatic resume); without
+    /// --config, the default job (warm start, RL, evaluation on the embedded demo config).
     Train(cmd::train::TrainArgs),
+    /// Supervised fine-tuning on a trajectory file (warm start / cold start).
+    Sft(cmd::sft::SftArgs),
+    /// Evaluate policies and scripted baselines on the test files (nDCG@10, failures, pass@k).
+    Eval(cmd::eval::EvalArgs),
+    /// Show a run's logged trajectories turn by turn (filter by step, task, failures; compare steps).
+    Inspect(cmd::inspect::InspectArgs),
+    /// Draw a run's training curves (reward, nDCG@10, failures, turns, staleness) as PNG.
+    Plot(cmd::plot::PlotArgs),
     /// Benchmarks that print JSON.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Golden-fixture checks of the model on a device (f32 and bf16), as JSON lines.
+    Selftest(cmd::selftest::SelftestArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -62,6 +74,11 @@ fn main() {
         Some(Command::Data(c)) => cmd::data::run(&c),
         Some(Command::Rollout(a)) => cmd::rollout::run(&a),
         Some(Command::Train(a)) => cmd::train::run(&a),
+        Some(Command::Sft(a)) => cmd::sft::run(&a),
+        Some(Command::Selftest(a)) => cmd::selftest::run(&a),
+        Some(Command::Eval(a)) => cmd::eval::run(&a),
+        Some(Command::Inspect(a)) => cmd::inspect::run(&a),
+        Some(Command::Plot(a)) => cmd::plot::run(&a),
         Some(Command::Bench(BenchCommand::Search(a))) => cmd::bench_search::run(&a),
         Some(Command::Bench(BenchCommand::Model(a))) => cmd::bench_model::run(&a),
         Some(Command::Bench(BenchCommand::Train(a))) => cmd::bench_train::run(&a),

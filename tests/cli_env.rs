@@ -135,7 +135,10 @@ fn baselines_match_search_eval_and_prepared_splits_run() {
         assert_eq!(r["episodes"], 5);
         let lines = std::fs::read_to_string(&traj).unwrap();
         let first: serde_json::Value = serde_json::from_str(lines.lines().next().unwrap()).unwrap();
-        assert_eq!(first["format_version"], 1);
+        assert_eq!(
+            first["format_version"],
+            mtrl_core::TRAJECTORY_FORMAT_VERSION
+        );
         assert_eq!(lines.lines().count(), 5);
     }
 

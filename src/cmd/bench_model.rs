@@ -1,11 +1,15 @@
 //! `mtrl bench model`: prefill, decode and training throughput of a Qwen-shaped model with random
-//! weights; prints one JSON object.
+//! weights; prints one JSON object. The training figure with optimizer runs the learner's AdamW
+//! (f32 master weights and moments for a bf16 model), as a training step does.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use mtrl_model::bench::{run_bench, BenchOptions};
-use mtrl_model::Config;
+use candle_core::Tensor;
+use mtrl_learner::{AdamW, AdamWConfig};
+use mtrl_model::bench::{run_bench_with, BenchOptions};
+use mtrl_model::{Config, Policy};
 
 #[derive(clap::Args, Debug)]
 pub struct BenchModelArgs {
@@ -27,6 +31,11 @@ pub struct BenchModelArgs {
     /// Rows of the training batch.
     #[arg(long, default_value_t = 8)]
     pub train_batch: usize,
+    /// Rows per forward/backward (gradients accumulated); 0 = the whole batch at once. The
+    /// training forward keeps O(T²) attention activations per row and layer, so long rows need
+    /// small micro-batches.
+    #[arg(long, default_value_t = 0)]
+    pub train_micro_batch: usize,
     /// Timed runs after one warm-up (the best is reported).
     #[arg(long, default_value_t = 2)]
     pub repeats: usize,
@@ -36,6 +45,19 @@ pub struct BenchModelArgs {
     /// f32, bf16 or f16.
     #[arg(long, default_value = "f32")]
     pub dtype: String,
+    /// Figures to measure: any of prefill, decode, train.
+    #[arg(long, value_delimiter = ',', default_value = "prefill,decode,train")]
+    pub phases: Vec<Phase>,
+    /// Skip the training figure with an AdamW step (`train_step_tokens_per_s`).
+    #[arg(long)]
+    pub no_optimizer: bool,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    Prefill,
+    Decode,
+    Train,
 }
 
 pub fn run(args: &BenchModelArgs) -> anyhow::Result<()> {
@@ -52,15 +74,31 @@ pub fn run(args: &BenchModelArgs) -> anyhow::Result<()> {
         args.train_len >= 2 && args.train_len <= cfg.max_position_embeddings,
         "train_len out of range"
     );
+    anyhow::ensure!(
+        !args.batch_sizes.is_empty() && args.batch_sizes.iter().all(|&b| b >= 1),
+        "batch sizes must be ≥ 1"
+    );
+    anyhow::ensure!(args.train_batch >= 1, "train_batch must be ≥ 1");
     let opts = BenchOptions {
         batch_sizes: args.batch_sizes.clone(),
         prompt_len: args.prompt_len,
         new_tokens: args.new_tokens,
         train_len: args.train_len,
         train_batch: args.train_batch,
+        train_micro_batch: args.train_micro_batch,
         repeats: args.repeats,
+        prefill: args.phases.contains(&Phase::Prefill),
+        decode: args.phases.contains(&Phase::Decode),
+        train: args.phases.contains(&Phase::Train),
     };
-    let report = run_bench(cfg, dtype, &device, &opts)?;
+    let mut opt = AdamW::new(AdamWConfig::default());
+    let mut step = |policy: &Policy, grads: &BTreeMap<String, Tensor>| -> mtrl_model::Result<()> {
+        opt.step(policy.named_parameters(), grads, 1e-6)
+            .map_err(|e| candle_core::Error::Msg(format!("adamw step: {e}")).into())
+    };
+    let hook: Option<mtrl_model::bench::OptimizerHook<'_>> =
+        (!args.no_optimizer).then_some(&mut step);
+    let report = run_bench_with(cfg, dtype, &device, &opts, hook)?;
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
 }

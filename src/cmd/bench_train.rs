@@ -40,7 +40,7 @@ pub fn run(args: &BenchTrainArgs) -> Result<()> {
         cfg.checkpoint.dir = base.checkpoint.dir.join(format!("bench-eta{eta}"));
         cfg.checkpoint.every_steps = 0;
         let targs = TrainArgs {
-            config: args.config.clone(),
+            config: Some(args.config.clone()),
             fresh: true,
             max_steps: Some(args.steps),
             quiet: true,

@@ -17,6 +17,8 @@ use mtrl_env::{tasks, Task};
 use mtrl_search::{queries, Corpus, Qrels};
 use serde_json::json;
 
+use mtrl_core::Config;
+
 use super::common::load_config;
 
 #[derive(clap::Subcommand, Debug)]
@@ -86,17 +88,19 @@ fn write_tasks(path: &Path, tasks: &[Task], format: &str) -> Result<()> {
     Ok(())
 }
 
-fn prepare(a: &PrepareArgs) -> Result<()> {
+pub fn prepare(a: &PrepareArgs) -> Result<()> {
     if !(0.0..1.0).contains(&a.test_fraction)
         || !(0.0..1.0).contains(&a.validation_fraction)
         || a.test_fraction + a.validation_fraction >= 1.0
     {
         bail!("--test-fraction and --validation-fraction must be in [0, 1) and sum below 1");
     }
-    let ext = match a.format.as_str() {
-        f @ ("jsonl" | "parquet" | "csv" | "json") => f,
-        other => bail!("unknown --format `{other}` (jsonl, parquet, csv or json)"),
-    };
+    if !matches!(a.format.as_str(), "jsonl" | "parquet" | "csv" | "json") {
+        bail!(
+            "unknown --format `{}` (jsonl, parquet, csv or json)",
+            a.format
+        );
+    }
     let configs = if a.config.is_empty() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
         ["cranfield-hash", "vaswani-hash", "musique-hash"]
@@ -108,6 +112,15 @@ fn prepare(a: &PrepareArgs) -> Result<()> {
     };
     for path in &configs {
         let cfg = load_config(Some(path))?;
+        prepare_one(&cfg, path, &a.out.join(&cfg.name), a)?;
+    }
+    Ok(())
+}
+
+/// Writes the corpus and the train/validation/test task files of one collection config into `dir`.
+pub fn prepare_one(cfg: &Config, path: &Path, dir: &Path, a: &PrepareArgs) -> Result<()> {
+    let ext = a.format.as_str();
+    {
         let search = cfg.search()?;
         let eval = search
             .eval
@@ -127,9 +140,7 @@ fn prepare(a: &PrepareArgs) -> Result<()> {
                 train.push(t);
             }
         }
-        let dir = a.out.join(&cfg.name);
-        std::fs::create_dir_all(&dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let (corpus, report) = Corpus::load(&search.corpus, &search.columns, search.skip_bad_rows)?;
         let corpus_path = dir.join("corpus.jsonl");
         let mut w = std::io::BufWriter::new(

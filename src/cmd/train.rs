@@ -15,7 +15,7 @@
 //! logits in the last bits; `rollout_max_concurrency = 1` (or one-token episodes) rules that out.
 
 mod report;
-mod setup;
+pub mod setup;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -31,11 +31,16 @@ use mtrl_model::{Engine, Policy, SamplingParams};
 use mtrl_rollout::{InOrder, Rollout, RolloutError, RolloutSettings};
 use serde_json::{json, Value};
 
+use crate::telemetry::mlflow::RunStatus;
+use crate::telemetry::Telemetry;
+
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
     /// The run's TOML config ([model], [data], [rollout], [algorithm], [train], [checkpoint], …).
+    /// Without it, the default job runs: the embedded `configs/demo.toml` pipeline (warm start,
+    /// RL, evaluation; see `mtrl demo`).
     #[arg(long)]
-    pub config: PathBuf,
+    pub config: Option<PathBuf>,
     /// Start from scratch instead of resuming: earlier checkpoints and metrics in
     /// `checkpoint.dir` are moved into `previous-<unix time>/`, never deleted.
     #[arg(long)]
@@ -55,10 +60,19 @@ pub struct Summary {
     pub interrupted: bool,
     pub records: Vec<Value>,
     pub wall_s: f64,
+    /// `{prometheus, mlflow: {sent, retried, dropped, …}}` (see `crate::telemetry`).
+    pub telemetry: Value,
 }
 
 pub fn run(args: &TrainArgs) -> Result<()> {
-    let cfg = Config::load(&args.config)?;
+    let Some(path) = &args.config else {
+        return super::demo::run(&super::demo::DemoArgs {
+            max_steps: args.max_steps,
+            quiet: args.quiet,
+            ..super::demo::DemoArgs::default()
+        });
+    };
+    let cfg = Config::load(path)?;
     let stop = Arc::new(AtomicBool::new(false));
     let s = train(&cfg, args, stop)?;
     let last: Vec<f64> = s
@@ -75,6 +89,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         "wall_s": s.wall_s,
         "reward_mean_last5": last.iter().sum::<f64>() / last.len().max(1) as f64,
         "checkpoint_dir": cfg.checkpoint.dir,
+        "telemetry": s.telemetry,
     });
     println!("{out}");
     Ok(())
@@ -91,6 +106,10 @@ fn clear_run(cfg: &Config, mgr: &CheckpointManager) -> Result<()> {
     let m = metrics_path(cfg);
     if m.exists() {
         old.push(m);
+    }
+    let t = cfg.checkpoint.dir.join("trajectories");
+    if t.exists() {
+        old.push(t);
     }
     if old.is_empty() {
         return Ok(());
@@ -196,7 +215,16 @@ pub fn train(cfg: &Config, args: &TrainArgs, stop: Arc<AtomicBool>) -> Result<Su
     drop(initial);
     std::fs::create_dir_all(&cfg.checkpoint.dir)
         .with_context(|| format!("creating {}", cfg.checkpoint.dir.display()))?;
+    let mut telemetry = Telemetry::start(cfg, latest.is_some())?;
     let mut log = std::fs::File::create(metrics_path(cfg))?;
+    let trajs = cfg
+        .logging
+        .trajectories
+        .then(|| {
+            let opts = mtrl_eval::LogOptions::from_config(&cfg.logging);
+            mtrl_eval::TrajectoryLog::open(&cfg.checkpoint.dir.join("trajectories"), opts)
+        })
+        .transpose()?;
     for r in &state.metrics {
         writeln!(log, "{r}")?;
     }
@@ -270,6 +298,9 @@ pub fn train(cfg: &Config, args: &TrainArgs, stop: Arc<AtomicBool>) -> Result<Su
             }
             state.step += 1;
             state.policy_version = learner.version();
+            if let Some(t) = &trajs {
+                t.send_groups(mtrl_eval::Kind::Train, state.step, &batch);
+            }
             let timing = report::Timing {
                 step_wall_s: t_wait.elapsed().as_secs_f64(),
                 elapsed_s: t_start.elapsed().as_secs_f64(),
@@ -285,6 +316,7 @@ pub fn train(cfg: &Config, args: &TrainArgs, stop: Arc<AtomicBool>) -> Result<Su
                 &timing,
             );
             writeln!(log, "{rec}")?;
+            telemetry.step(&rec);
             bar.set_position(state.step);
             bar.set_message(format!(
                 "reward {:.3} loss {:+.4}",
@@ -302,6 +334,11 @@ pub fn train(cfg: &Config, args: &TrainArgs, stop: Arc<AtomicBool>) -> Result<Su
         Ok(())
     })();
     bar.finish_and_clear();
+    match trajs.map(|t| t.close()) {
+        Some(Ok(s)) if s.dropped > 0 => eprintln!("trajectory log: {} dropped", s.dropped),
+        Some(Err(e)) => eprintln!("warning: trajectory log: {e}"),
+        _ => {}
+    }
     let shut = rt.block_on(rollout.shutdown());
     result?;
     match shut {
@@ -314,12 +351,18 @@ pub fn train(cfg: &Config, args: &TrainArgs, stop: Arc<AtomicBool>) -> Result<Su
     if interrupted {
         eprintln!("interrupted: checkpoint of step {} written", state.step);
     }
+    let telemetry = telemetry.finish(if interrupted {
+        RunStatus::Killed
+    } else {
+        RunStatus::Finished
+    });
     Ok(Summary {
         steps_done: state.step,
         resumed_from,
         interrupted,
         records,
         wall_s: t_start.elapsed().as_secs_f64(),
+        telemetry,
     })
 }
 

@@ -9,14 +9,15 @@
 //! - a failed episode (`failure` set) carries the configured failure reward.
 //!
 //! In text mode (scripted policies, no tokenizer) the four token vectors are empty.
-//! Serialised trajectories carry [`TRAJECTORY_FORMAT_VERSION`].
+//! Serialised trajectories carry [`TRAJECTORY_FORMAT_VERSION`] (2 added `tool_calls`; a version-1
+//! record reads with an empty list).
 
 use serde::{Deserialize, Serialize};
 
 use crate::chat::Message;
 
 /// Version of the serialised [`Trajectory`] layout.
-pub const TRAJECTORY_FORMAT_VERSION: u32 = 1;
+pub const TRAJECTORY_FORMAT_VERSION: u32 = 2;
 
 /// Why an episode failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -84,6 +85,25 @@ impl ToolStats {
     }
 }
 
+/// One executed tool call, in the order the environment ran them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ToolCallRecord {
+    /// The assistant turn (1-based) whose message made the call.
+    pub turn: u32,
+    /// The tool called (`error` when the call could not be parsed).
+    pub name: String,
+    /// The parsed JSON arguments (`null` when the call could not be parsed).
+    pub arguments: serde_json::Value,
+    /// Document ids the tool returned (search hits best first; the submitted list for `submit`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub result_ids: Vec<String>,
+    /// Wall time of the call in milliseconds.
+    pub latency_ms: f64,
+    /// The error the model was shown, when the call failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 /// One finished episode.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Trajectory {
@@ -107,6 +127,9 @@ pub struct Trajectory {
     /// Assistant messages written.
     pub turns: u32,
     pub tools: ToolStats,
+    /// Every tool call with its arguments, result ids and latency.
+    #[serde(default)]
+    pub tool_calls: Vec<ToolCallRecord>,
     /// The final answer (ranked document ids), when one was submitted.
     pub answer: Option<Vec<String>>,
     /// The conversation, assistant messages holding the raw text the model wrote.
@@ -129,6 +152,7 @@ impl Trajectory {
             failure: None,
             turns: 0,
             tools: ToolStats::default(),
+            tool_calls: Vec::new(),
             answer: None,
             messages: Vec::new(),
         }
@@ -214,12 +238,25 @@ mod tests {
         t.tools.count_call("bm25_search");
         t.tools.count_call("bm25_search");
         t.tools.count_error("bad json");
+        t.tool_calls.push(ToolCallRecord {
+            turn: 1,
+            name: "bm25_search".into(),
+            arguments: serde_json::json!({"query": "q"}),
+            result_ids: vec!["d1".into()],
+            latency_ms: 1.5,
+            error: None,
+        });
         let v = serde_json::to_value(&t).unwrap();
         assert_eq!(v["format_version"], TRAJECTORY_FORMAT_VERSION);
         assert_eq!(v["failure"], "turn_limit");
         assert_eq!(t.tools.total_calls(), 2);
-        let back: Trajectory = serde_json::from_value(v).unwrap();
+        let back: Trajectory = serde_json::from_value(v.clone()).unwrap();
         assert_eq!(back, t);
+        // Version 1 had no `tool_calls`: it still reads, with none.
+        let mut v1 = v;
+        v1.as_object_mut().unwrap().remove("tool_calls");
+        let old: Trajectory = serde_json::from_value(v1).unwrap();
+        assert!(old.tool_calls.is_empty());
         for f in FailureReason::ALL {
             assert_eq!(serde_json::to_value(f).unwrap(), f.as_str());
         }

@@ -30,8 +30,10 @@ pub mod scripted;
 pub mod search_env;
 pub mod task;
 pub mod tasks;
+pub mod teacher;
 pub mod tool;
 pub mod tools;
+pub mod transcript;
 
 pub use dataset::{hold_out, Cursor, Dataset, Mixer, TaskSets};
 pub use env::{run_episode, Action, Agent, Environment, Observation, Step};
@@ -43,4 +45,6 @@ pub use scripted::{Baseline, ScriptedAgent};
 pub use search_env::{standard_tools, SearchEnv};
 pub use task::{SearchTask, Task};
 pub use tasks::{load_tasks, LoadReport};
+pub use teacher::{Teacher, TeacherSpec};
 pub use tool::{Answer, Tool, ToolError, ToolOutput};
+pub use transcript::{tokenize_transcript, SupervisedRow};

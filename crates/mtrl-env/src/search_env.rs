@@ -18,7 +18,9 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
+use mtrl_core::trajectory::ToolCallRecord;
 use mtrl_core::{ChatCodec, EnvConfig, FailureReason, Message, Role, Trajectory};
 use mtrl_search::SearchIndex;
 use serde_json::Value;
@@ -275,6 +277,9 @@ impl Environment for SearchEnv {
         let tools = self.tools.clone();
         let ep = self.episode()?;
         for (i, call) in calls.into_iter().enumerate() {
+            let started = Instant::now();
+            let arguments = call.as_ref().map_or(Value::Null, |c| c.arguments.clone());
+            let mut result_ids = Vec::new();
             let (name, result) = match call {
                 _ if i >= cfg.max_calls_per_turn => (
                     "error".to_string(),
@@ -300,8 +305,17 @@ impl Environment for SearchEnv {
                     Some(tool) => match tool.call(&call.arguments) {
                         Ok(out) => {
                             ep.traj.tools.count_call(&call.name);
+                            result_ids = out.ids;
                             if out.answer.is_some() {
                                 answer = out.answer;
+                                ep.traj.tool_calls.push(ToolCallRecord {
+                                    turn: ep.traj.turns,
+                                    name: call.name.clone(),
+                                    arguments,
+                                    result_ids,
+                                    latency_ms: started.elapsed().as_secs_f64() * 1e3,
+                                    error: None,
+                                });
                                 break;
                             }
                             (call.name.clone(), Ok(out.content))
@@ -314,6 +328,14 @@ impl Environment for SearchEnv {
                     },
                 },
             };
+            ep.traj.tool_calls.push(ToolCallRecord {
+                turn: ep.traj.turns,
+                name: name.clone(),
+                arguments,
+                result_ids,
+                latency_ms: started.elapsed().as_secs_f64() * 1e3,
+                error: result.as_ref().err().cloned(),
+            });
             let content = match result {
                 Ok(c) => c,
                 Err(msg) => {

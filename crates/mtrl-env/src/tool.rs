@@ -25,6 +25,8 @@ pub struct ToolOutput {
     pub content: String,
     /// Set when this call is the final answer.
     pub answer: Option<Answer>,
+    /// Document ids the call returned (for the trajectory log; not shown to the model).
+    pub ids: Vec<String>,
 }
 
 impl ToolOutput {
@@ -32,7 +34,13 @@ impl ToolOutput {
         ToolOutput {
             content: content.into(),
             answer: None,
+            ids: Vec::new(),
         }
+    }
+
+    /// The same output, recording the document ids it returned.
+    pub fn with_ids(self, ids: Vec<String>) -> ToolOutput {
+        ToolOutput { ids, ..self }
     }
 }
 

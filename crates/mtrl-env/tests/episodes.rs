@@ -81,6 +81,14 @@ fn search_then_submit_scores_the_answer() {
     assert_eq!(t.answer, Some(vec!["d1".to_string(), "d0".to_string()]));
     assert_eq!(t.turns, 2);
     assert_eq!(t.tools.total_calls(), 2);
+    let calls: Vec<(&str, u32)> = t.tool_calls.iter().map(|c| (&*c.name, c.turn)).collect();
+    assert_eq!(calls, vec![("bm25_search", 1), ("submit", 2)]);
+    assert_eq!(t.tool_calls[0].result_ids.len(), 3, "hit ids are recorded");
+    assert_eq!(t.tool_calls[1].result_ids, vec!["d1", "d0"]);
+    assert!(t
+        .tool_calls
+        .iter()
+        .all(|c| c.error.is_none() && c.latency_ms >= 0.0));
     assert!(t.tokens.is_empty(), "text mode keeps no tokens");
     assert!(e.finish().is_err(), "finish twice");
     assert!(e.step(Action::text(SUBMIT)).is_err(), "step after done");
@@ -114,6 +122,14 @@ fn malformed_calls_get_error_responses_and_are_counted() {
     assert_eq!(t.failure, None);
     assert_eq!(t.tools.errors, 4);
     assert_eq!(t.tools.error_messages.len(), 4);
+    let errors = t.tool_calls.iter().filter(|c| c.error.is_some()).count();
+    assert_eq!(
+        (t.tool_calls.len(), errors),
+        (6, 4),
+        "every call is recorded"
+    );
+    assert_eq!(t.tool_calls[1].name, "error");
+    assert_eq!(t.tool_calls[3].arguments["k"], 99);
 }
 
 #[test]

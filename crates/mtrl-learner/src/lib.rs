@@ -12,6 +12,7 @@ pub mod checkpoint;
 pub mod clip;
 pub mod error;
 pub mod schedule;
+pub mod sft;
 pub mod step;
 
 pub use adamw::{AdamW, AdamWConfig};
@@ -19,4 +20,5 @@ pub use checkpoint::{CheckpointManager, Rejected, TrainerState};
 pub use clip::{clip_global_norm, global_norm};
 pub use error::{LearnerError, Result};
 pub use schedule::{Decay, LrSchedule};
+pub use sft::{sft_step, SftConfig, SftExample, SftMetrics};
 pub use step::{Learner, StepConfig, StepMetrics};

@@ -4,17 +4,17 @@
 
 use std::path::PathBuf;
 
-use candle_core::{DType, Device};
+use candle_core::{DType, Device, Tensor};
 use mtrl_core::{AlgorithmConfig, Trajectory};
 use mtrl_learner::{AdamW, AdamWConfig, Learner, LrSchedule, StepConfig};
 use mtrl_model::Policy;
 
-fn policy() -> Policy {
+fn policy_in(dtype: DType) -> Policy {
     let dir = PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../tests/fixtures/tiny-qwen3"
     ));
-    Policy::load(&dir, DType::F32, &Device::Cpu).unwrap()
+    Policy::load(&dir, dtype, &Device::Cpu).unwrap()
 }
 
 fn traj(seed: u32, reward: f64, version: u64) -> Trajectory {
@@ -45,6 +45,10 @@ fn groups(version: u64) -> Vec<Vec<Trajectory>> {
 }
 
 fn learner(micro_batch_tokens: usize, kl_coef: f64) -> Learner {
+    learner_in(DType::F32, micro_batch_tokens, kl_coef)
+}
+
+fn learner_in(dtype: DType, micro_batch_tokens: usize, kl_coef: f64) -> Learner {
     let a = AlgorithmConfig {
         max_staleness: 1,
         kl_coef,
@@ -59,8 +63,8 @@ fn learner(micro_batch_tokens: usize, kl_coef: f64) -> Learner {
         64,
     )
     .unwrap();
-    let p = policy();
-    let reference = (kl_coef > 0.0).then(policy);
+    let p = policy_in(dtype);
+    let reference = (kl_coef > 0.0).then(|| policy_in(dtype));
     Learner::new(p, reference, AdamW::new(AdamWConfig::default()), cfg, 4)
 }
 
@@ -70,6 +74,8 @@ fn flat(l: &Learner) -> Vec<f32> {
         .values()
         .flat_map(|v| {
             v.as_tensor()
+                .to_dtype(DType::F32)
+                .unwrap()
                 .flatten_all()
                 .unwrap()
                 .to_vec1::<f32>()
@@ -141,4 +147,75 @@ fn stale_samples_are_dropped_and_counted_and_weights_are_copies() {
     let m = l.step(&[vec![Trajectory::new("empty")]]).unwrap();
     assert!(m.skipped && m.empty == 1 && l.version() == 7);
     assert_eq!(flat(&l), before);
+}
+
+#[test]
+fn bf16_policy_trains_through_f32_masters_and_checkpoints_them() {
+    use mtrl_learner::{CheckpointManager, TrainerState};
+    let mut l16 = learner_in(DType::BF16, 1 << 20, 0.0);
+    let mut l32 = learner_in(DType::F32, 1 << 20, 0.0);
+    let (m16, m32) = (l16.step(&groups(4)).unwrap(), l32.step(&groups(4)).unwrap());
+    assert!(!m16.skipped && m16.loss.is_finite());
+    // same batch, bf16 vs f32 forward: the losses agree to bf16 precision
+    assert!(
+        (m16.loss - m32.loss).abs() < 2e-2 * m32.loss.abs().max(1.0),
+        "{} vs {}",
+        m16.loss,
+        m32.loss
+    );
+    for (name, var) in l16.policy.named_parameters() {
+        assert_eq!(var.dtype(), DType::BF16, "{name}");
+        let master = l16
+            .opt
+            .master(name)
+            .unwrap_or_else(|| panic!("no master for {name}"));
+        assert_eq!(master.dtype(), DType::F32);
+        let cast = master.to_dtype(DType::BF16).unwrap();
+        let d = (cast.to_dtype(DType::F32).unwrap()
+            - var.as_tensor().to_dtype(DType::F32).unwrap())
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+        assert_eq!(d, 0.0, "{name}: weight is not its master cast to bf16");
+    }
+    // published weights keep the policy dtype (the engine runs bf16 too)
+    let w = l16.weights().unwrap();
+    assert!(w.values().all(|t| t.dtype() == DType::BF16));
+    // checkpoint: policy saved in bf16, masters restored in f32, bit for bit
+    let dir = tempfile::tempdir().unwrap();
+    let mgr = CheckpointManager::new(dir.path(), 1);
+    let st = TrainerState {
+        step: 1,
+        policy_version: l16.version(),
+        ..Default::default()
+    };
+    let path = mgr.save(&l16.policy, DType::BF16, &l16.opt, &st).unwrap();
+    CheckpointManager::verify(&path).unwrap();
+    let opt = AdamW::load(&path, &Device::Cpu).unwrap();
+    let reloaded = Policy::load(&path.join("policy"), DType::BF16, &Device::Cpu).unwrap();
+    for (name, var) in l16.policy.named_parameters() {
+        let (a, b) = (l16.opt.master(name).unwrap(), opt.master(name).unwrap());
+        let bits = |t: &Tensor| -> Vec<u32> {
+            t.flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect()
+        };
+        assert_eq!(bits(a), bits(b), "{name} master");
+        let r = &reloaded.named_parameters()[name];
+        assert_eq!(
+            bits(&r.as_tensor().to_dtype(DType::F32).unwrap()),
+            bits(&var.as_tensor().to_dtype(DType::F32).unwrap()),
+            "{name} weight"
+        );
+    }
 }

@@ -2,12 +2,20 @@
 //! prefill tokens/s, decode tokens/s at several batch sizes, and training tokens/s
 //! (forward + backward through the chunked log-prob path) on `[train_batch, train_len]`.
 //!
-//! Methodology mirrors `bench/torch_ref.py`: one warm-up, then the best of `repeats` timed runs.
+//! Methodology mirrors `bench/torch_ref.py`: one warm-up, then the best of `repeats` timed runs;
+//! every timed region ends with `Device::synchronize`, so asynchronous GPU work is inside it.
 //! `generate_tokens_per_s` is `B·N / wall` including prefill, the peer's generation figure;
-//! `decode_tokens_per_s` excludes the prefill step. The training figure has no optimizer step
-//! (the peer's includes AdamW, a few ms for 5 M parameters).
-
+//! `decode_tokens_per_s` excludes the prefill step. `train_tokens_per_s` has no optimizer step;
+//! `train_step_tokens_per_s` (only when the caller passes an optimizer hook, as `mtrl bench model`
+//! does with the learner's AdamW) includes it, like the peer's figure.
+//!
+//! Memory: candle has no allocator statistics, so on CUDA the report carries the device-wide
+//! used memory (`cuMemGetInfo`: total − free, all processes, CUDA context included) sampled after
+//! every decode step, backward pass and optimizer step — a lower bound of the true peak, which
+//! `scripts/gpu-check.sh` measures by sampling `nvidia-smi` beside the process.
 use std::time::Instant;
+
+use std::collections::BTreeMap;
 
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
@@ -28,8 +36,37 @@ pub struct BenchOptions {
     pub new_tokens: usize,
     pub train_len: usize,
     pub train_batch: usize,
+    /// Rows per forward/backward of the training batch (gradients summed in f32 across them, as
+    /// the learner does); 0 = the whole batch at once.
+    pub train_micro_batch: usize,
     pub repeats: usize,
+    /// Which figures to measure (one process per phase gives per-phase peak memory).
+    pub prefill: bool,
+    pub decode: bool,
+    pub train: bool,
 }
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            batch_sizes: vec![1, 8, 32],
+            prompt_len: 64,
+            new_tokens: 64,
+            train_len: 256,
+            train_batch: 8,
+            train_micro_batch: 0,
+            repeats: 2,
+            prefill: true,
+            decode: true,
+            train: true,
+        }
+    }
+}
+
+/// Called once per training batch with the f32 gradients by parameter name, summed over the
+/// micro-batches (the binary runs the learner's AdamW here); its time counts in
+/// `train_step_tokens_per_s`.
+pub type OptimizerHook<'a> = &'a mut dyn FnMut(&Policy, &BTreeMap<String, Tensor>) -> Result<()>;
 
 /// Decode figures at one batch size.
 #[derive(Debug, Clone, Serialize)]
@@ -48,11 +85,43 @@ pub struct BenchReport {
     pub dtype: String,
     pub prompt_len: usize,
     pub new_tokens: usize,
-    pub prefill_tokens_per_s: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefill_tokens_per_s: Option<f64>,
     pub decode: Vec<DecodeReport>,
     pub train_batch: usize,
+    pub train_micro_batch: usize,
     pub train_len: usize,
-    pub train_tokens_per_s: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub train_tokens_per_s: Option<f64>,
+    /// Forward + backward + optimizer step (only with an optimizer hook).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub train_step_tokens_per_s: Option<f64>,
+    /// CUDA only: max device-wide used memory seen at the sample points, in MiB (see module doc).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_mem_used_mib: Option<f64>,
+}
+
+/// Device-wide used memory in bytes (CUDA only; `None` on CPU or if the driver call fails).
+pub fn device_mem_used(device: &Device) -> Option<u64> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(d) = device {
+        let (free, total) = d.cuda_stream().context().mem_get_info().ok()?;
+        return Some(total.saturating_sub(free) as u64);
+    }
+    let _ = device;
+    None
+}
+
+/// Running maximum of [`device_mem_used`].
+#[derive(Default)]
+struct MemPeak(Option<u64>);
+
+impl MemPeak {
+    fn sample(&mut self, device: &Device) {
+        if let Some(u) = device_mem_used(device) {
+            self.0 = Some(self.0.map_or(u, |p| p.max(u)));
+        }
+    }
 }
 
 /// Deterministic pseudo-random token ids (no RNG dependency on the bench path).
@@ -77,12 +146,23 @@ fn best_of<F: FnMut() -> Result<f64>>(repeats: usize, mut f: F) -> Result<f64> {
     Ok(best)
 }
 
-/// Runs the benchmark for `cfg` with random weights.
+/// Runs the benchmark for `cfg` with random weights (training figure without optimizer).
 pub fn run_bench(
     cfg: Config,
     dtype: DType,
     device: &Device,
     opts: &BenchOptions,
+) -> Result<BenchReport> {
+    run_bench_with(cfg, dtype, device, opts, None)
+}
+
+/// [`run_bench`], plus `train_step_tokens_per_s` when `optimizer` is given.
+pub fn run_bench_with(
+    cfg: Config,
+    dtype: DType,
+    device: &Device,
+    opts: &BenchOptions,
+    optimizer: Option<OptimizerHook<'_>>,
 ) -> Result<BenchReport> {
     let vocab = cfg.vocab_size;
     let policy = Policy::random(cfg, dtype, device)?;
@@ -91,10 +171,95 @@ pub fn run_bench(
         .values()
         .map(|v| v.elem_count())
         .sum();
+    let mut mem = MemPeak::default();
+    mem.sample(device);
+    let prefill_tokens_per_s = if opts.prefill {
+        Some(prefill(&policy, device, opts, vocab)?)
+    } else {
+        None
+    };
+    let mut decode = Vec::new();
+    if opts.decode {
+        for &b in &opts.batch_sizes {
+            decode.push(decode_at(&policy, device, opts, vocab, b, &mut mem)?);
+        }
+    }
+    let (mut train_tokens_per_s, mut train_step_tokens_per_s) = (None, None);
+    if opts.train {
+        let (tb, tl) = (opts.train_batch, opts.train_len);
+        let train_ids = Tensor::from_vec(ids(tb * tl, vocab, 7), (tb, tl), device)?;
+        let mb = match opts.train_micro_batch {
+            0 => tb,
+            n => n.min(tb),
+        };
+        let run = |hook: Option<&mut OptimizerHook<'_>>, mem: &mut MemPeak| -> Result<f64> {
+            let start = Instant::now();
+            let mut acc: BTreeMap<String, Tensor> = BTreeMap::new();
+            for r0 in (0..tb).step_by(mb) {
+                let rows = train_ids.narrow(0, r0, mb.min(tb - r0))?;
+                let (_, _, grads) =
+                    logprobs_and_grads(&policy, &rows, None, 1.0, |lp| lp.mean_all()?.neg())?;
+                mem.sample(device);
+                for (name, var) in policy.named_parameters() {
+                    if let Some(g) = grads.get(var) {
+                        let g = g.to_dtype(DType::F32)?;
+                        let sum = match acc.remove(name) {
+                            Some(prev) => (prev + g)?,
+                            None => g,
+                        };
+                        acc.insert(name.clone(), sum);
+                    }
+                }
+            }
+            device.synchronize()?;
+            mem.sample(device);
+            if let Some(h) = hook {
+                h(&policy, &acc)?;
+                device.synchronize()?;
+                mem.sample(device);
+            }
+            Ok((tb * tl) as f64 / start.elapsed().as_secs_f64())
+        };
+        train_tokens_per_s = Some(best_of(opts.repeats, || run(None, &mut mem))?);
+        if let Some(mut h) = optimizer {
+            train_step_tokens_per_s = Some(best_of(opts.repeats, || run(Some(&mut h), &mut mem))?);
+        }
+    }
+    Ok(BenchReport {
+        model_type: format!("{:?}", policy.config().family).to_lowercase(),
+        num_parameters,
+        device: device_name(device),
+        dtype: format!("{dtype:?}").to_lowercase(),
+        prompt_len: opts.prompt_len,
+        new_tokens: opts.new_tokens,
+        prefill_tokens_per_s,
+        decode,
+        train_batch: opts.train_batch,
+        train_micro_batch: match opts.train_micro_batch {
+            0 => opts.train_batch,
+            n => n.min(opts.train_batch),
+        },
+        train_len: opts.train_len,
+        train_tokens_per_s,
+        train_step_tokens_per_s,
+        device_mem_used_mib: mem.0.map(|b| b as f64 / (1u64 << 20) as f64),
+    })
+}
+
+fn device_name(device: &Device) -> String {
+    match device.location() {
+        candle_core::DeviceLocation::Cpu => "cpu".to_string(),
+        candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
+        candle_core::DeviceLocation::Metal { gpu_id } => format!("metal:{gpu_id}"),
+    }
+}
+
+/// Single-sequence cached prefills of `prompt_len` tokens (8 sequences per run).
+fn prefill(policy: &Policy, device: &Device, opts: &BenchOptions, vocab: usize) -> Result<f64> {
     let model = policy.inference().clone();
     let layers = policy.config().num_hidden_layers;
-    let pb = opts.batch_sizes.iter().copied().max().unwrap_or(8).min(8);
-    let prefill_tokens_per_s = best_of(opts.repeats, || {
+    let pb = 8; // as the peer (bench/torch_ref.py --prefill): 8 sequences, one at a time
+    best_of(opts.repeats, || {
         let start = Instant::now();
         for b in 0..pb {
             let mut cache = KvCache::new(layers);
@@ -110,69 +275,58 @@ pub fn run_bench(
                 .flatten_all()?
                 .to_vec1::<f32>()?;
         }
+        device.synchronize()?;
         Ok((pb * opts.prompt_len) as f64 / start.elapsed().as_secs_f64())
-    })?;
-    let mut decode = Vec::new();
-    for &b in &opts.batch_sizes {
-        let mut best = (0f64, 0f64);
-        for rep in 0..=opts.repeats.max(1) {
-            let mut engine = Engine::new(policy.clone(), None, 0, b);
-            for i in 0..b {
-                engine.submit(GenerationRequest {
-                    prompt: ids(opts.prompt_len, vocab, 1000 + i as u64),
-                    sampling: SamplingParams::greedy(),
-                    max_new_tokens: opts.new_tokens,
-                    stop_token_ids: vec![],
-                    stop_strings: vec![],
-                })?;
-            }
-            let start = Instant::now();
-            let mut first = 0f64;
-            let mut decoded = 0usize;
-            let mut steps = 0;
-            while engine.num_unfinished() > 0 {
-                let out = engine.step()?;
-                if steps == 0 {
-                    first = start.elapsed().as_secs_f64();
-                } else {
-                    decoded += out.tokens.len();
-                }
-                steps += 1;
-            }
-            let wall = start.elapsed().as_secs_f64();
-            if rep > 0 {
-                let d = decoded as f64 / (wall - first).max(1e-9);
-                let g = (b * opts.new_tokens) as f64 / wall;
-                best = (best.0.max(d), best.1.max(g));
-            }
+    })
+}
+
+/// `b` greedy sequences through the engine: decode-only and whole-generation figures.
+fn decode_at(
+    policy: &Policy,
+    device: &Device,
+    opts: &BenchOptions,
+    vocab: usize,
+    b: usize,
+    mem: &mut MemPeak,
+) -> Result<DecodeReport> {
+    let mut best = (0f64, 0f64);
+    for rep in 0..=opts.repeats.max(1) {
+        let mut engine = Engine::new(policy.clone(), None, 0, b);
+        for i in 0..b {
+            engine.submit(GenerationRequest {
+                prompt: ids(opts.prompt_len, vocab, 1000 + i as u64),
+                sampling: SamplingParams::greedy(),
+                max_new_tokens: opts.new_tokens,
+                stop_token_ids: vec![],
+                stop_strings: vec![],
+            })?;
         }
-        decode.push(DecodeReport {
-            batch: b,
-            decode_tokens_per_s: best.0,
-            generate_tokens_per_s: best.1,
-        });
-    }
-    let (tb, tl) = (opts.train_batch, opts.train_len);
-    let train_ids = Tensor::from_vec(ids(tb * tl, vocab, 7), (tb, tl), device)?;
-    let train_tokens_per_s = best_of(opts.repeats, || {
         let start = Instant::now();
-        let (_, _, grads) =
-            logprobs_and_grads(&policy, &train_ids, None, 1.0, |lp| lp.mean_all()?.neg())?;
-        drop(grads);
-        Ok((tb * tl) as f64 / start.elapsed().as_secs_f64())
-    })?;
-    Ok(BenchReport {
-        model_type: format!("{:?}", policy.config().family).to_lowercase(),
-        num_parameters,
-        device: format!("{device:?}"),
-        dtype: format!("{dtype:?}").to_lowercase(),
-        prompt_len: opts.prompt_len,
-        new_tokens: opts.new_tokens,
-        prefill_tokens_per_s,
-        decode,
-        train_batch: tb,
-        train_len: tl,
-        train_tokens_per_s,
+        let mut first = 0f64;
+        let mut decoded = 0usize;
+        let mut steps = 0;
+        while engine.num_unfinished() > 0 {
+            let out = engine.step()?;
+            if steps == 0 {
+                first = start.elapsed().as_secs_f64();
+            } else {
+                decoded += out.tokens.len();
+            }
+            steps += 1;
+            mem.sample(device);
+        }
+        device.synchronize()?;
+        let wall = start.elapsed().as_secs_f64();
+        if rep > 0 {
+            let d = decoded as f64 / (wall - first).max(1e-9);
+            let g = (b * opts.new_tokens) as f64 / wall;
+            best = (best.0.max(d), best.1.max(g));
+        }
+    }
+    Ok(DecodeReport {
+        batch: b,
+        decode_tokens_per_s: best.0,
+        generate_tokens_per_s: best.1,
     })
 }
 
@@ -194,12 +348,35 @@ mod tests {
             prompt_len: 4,
             new_tokens: 3,
             train_len: 8,
-            train_batch: 2,
+            train_batch: 3,
+            train_micro_batch: 2,
             repeats: 1,
+            ..BenchOptions::default()
         };
-        let r = run_bench(cfg, DType::F32, &Device::Cpu, &opts).unwrap();
+        let mut calls = 0;
+        let mut hook = |p: &Policy, g: &BTreeMap<String, Tensor>| -> Result<()> {
+            assert!(p
+                .named_parameters()
+                .keys()
+                .all(|k| g[k].dtype() == DType::F32));
+            calls += 1;
+            Ok(())
+        };
+        let r = run_bench_with(
+            cfg.clone(),
+            DType::F32,
+            &Device::Cpu,
+            &opts,
+            Some(&mut hook),
+        )
+        .unwrap();
+        assert_eq!(calls, 2, "warm-up + one timed run");
         assert_eq!(r.decode.len(), 2);
-        assert!(r.prefill_tokens_per_s > 0.0 && r.train_tokens_per_s > 0.0);
+        assert!(r.prefill_tokens_per_s.unwrap() > 0.0 && r.train_tokens_per_s.unwrap() > 0.0);
+        assert!(r.train_step_tokens_per_s.unwrap() > 0.0);
+        assert_eq!(r.device, "cpu");
+        assert_eq!((r.train_batch, r.train_micro_batch), (3, 2));
+        assert!(r.device_mem_used_mib.is_none());
         assert!(r
             .decode
             .iter()
@@ -207,5 +384,39 @@ mod tests {
         assert!(serde_json::to_string(&r)
             .unwrap()
             .contains("train_tokens_per_s"));
+    }
+}
+
+#[cfg(test)]
+mod phase_tests {
+    use super::*;
+
+    #[test]
+    fn phases_can_be_skipped() {
+        let cfg = Config::from_value(
+            serde_json::json!({"model_type": "qwen3", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
+                "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+                "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": true}),
+            std::path::Path::new("c"),
+        )
+        .unwrap();
+        let opts = BenchOptions {
+            batch_sizes: vec![2],
+            prompt_len: 4,
+            new_tokens: 2,
+            train_len: 8,
+            train_batch: 2,
+            train_micro_batch: 0,
+            repeats: 1,
+            prefill: false,
+            decode: false,
+            train: true,
+        };
+        let r = run_bench(cfg, DType::BF16, &Device::Cpu, &opts).unwrap();
+        assert!(r.prefill_tokens_per_s.is_none() && r.decode.is_empty());
+        assert!(r.train_step_tokens_per_s.is_none());
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(!json.contains("prefill_tokens_per_s"), "{json}");
+        assert!(json.contains("\"dtype\":\"bf16\""), "{json}");
     }
 }

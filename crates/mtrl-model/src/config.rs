@@ -271,7 +271,9 @@ pub fn parse_dtype(s: &str) -> Result<DType> {
     }
 }
 
-/// Parses "cpu", "cuda" or "cuda:N". Without the `cuda` feature, a cuda device is an error.
+/// Parses "cpu", "cuda" or "cuda:N". A cuda device needs a binary built with the `cuda` feature
+/// and a machine whose driver reports device N; otherwise the error says which of the two is
+/// missing (never a panic: a cuda binary on a machine without a GPU must fail cleanly).
 pub fn parse_device(s: &str) -> Result<Device> {
     let s = s.trim();
     if s == "cpu" {
@@ -288,12 +290,43 @@ pub fn parse_device(s: &str) -> Result<Device> {
             "unknown device `{s}` (expected cpu, cuda or cuda:N)"
         )));
     };
-    if !cfg!(feature = "cuda") {
+    cuda_device(s, ordinal)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_device(s: &str, _ordinal: usize) -> Result<Device> {
+    Err(ModelError::InvalidArgument(format!(
+        "device `{s}` needs a binary built with the `cuda` feature \
+         (cargo build --release --features cuda); this one is CPU-only"
+    )))
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_device(s: &str, ordinal: usize) -> Result<Device> {
+    use candle_core::cuda_backend::cudarc::driver::{CudaContext, DriverError};
+    let why = |e: DriverError| match e.error_string() {
+        Ok(text) => format!("{} ({:?})", text.to_string_lossy(), e.0),
+        Err(_) => format!("{:?}", e.0),
+    };
+    let count = CudaContext::device_count().map_err(|e| {
+        ModelError::InvalidArgument(format!(
+            "device `{s}` is not available: {}; is there an NVIDIA GPU and driver (`nvidia-smi`)?",
+            why(e)
+        ))
+    })?;
+    let count = usize::try_from(count).unwrap_or(0);
+    if ordinal >= count {
         return Err(ModelError::InvalidArgument(format!(
-            "device `{s}` needs a build with the `cuda` feature (cargo build --features cuda)"
+            "device `{s}` does not exist: the driver reports {count} CUDA device(s){}",
+            if count > 0 {
+                format!(" (cuda:0..cuda:{})", count - 1)
+            } else {
+                String::new()
+            }
         )));
     }
-    Ok(Device::new_cuda(ordinal)?)
+    Device::new_cuda(ordinal)
+        .map_err(|e| ModelError::InvalidArgument(format!("device `{s}` could not be opened: {e}")))
 }
 
 /// `generation_config.json` defaults (EOS ids and sampling defaults), all optional.
@@ -386,10 +419,32 @@ mod tests {
         assert!(parse_dtype("f8").unwrap_err().to_string().contains("f8"));
         assert!(parse_device("cpu").is_ok());
         assert!(parse_device("tpu").is_err());
-        #[cfg(not(feature = "cuda"))]
-        assert!(parse_device("cuda:0")
+        assert!(parse_device("cuda:x")
             .unwrap_err()
             .to_string()
-            .contains("cuda"));
+            .contains("bad device `cuda:x`"));
+        #[cfg(not(feature = "cuda"))]
+        for d in ["cuda", "cuda:0", "cuda:3"] {
+            let e = parse_device(d).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!(
+                    "device `{d}` needs a binary built with the `cuda` feature"
+                )),
+                "{e}"
+            );
+        }
+    }
+
+    /// With the `cuda` feature: a device the machine does not have is an error naming it, on a
+    /// machine without GPU or driver (no device at all) and on a GPU machine (ordinal too high).
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn missing_cuda_device_is_a_clear_error() {
+        let e = parse_device("cuda:999").unwrap_err().to_string();
+        assert!(e.contains("device `cuda:999`"), "{e}");
+        assert!(
+            e.contains("does not exist") || e.contains("is not available"),
+            "{e}"
+        );
     }
 }

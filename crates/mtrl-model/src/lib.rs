@@ -32,6 +32,7 @@ pub mod logprobs;
 pub mod policy;
 pub mod sampler;
 pub mod tokenizer;
+pub mod tokenizer_train;
 pub mod transformer;
 
 pub use chat_template::{ChatOptions, ChatTemplate};
@@ -46,6 +47,7 @@ pub use logprobs::{logprobs_and_grads, token_logprobs, TokenLogprobs};
 pub use policy::{left_padding_positions, Policy};
 pub use sampler::{Sampled, SamplingParams};
 pub use tokenizer::Tokenizer;
+pub use tokenizer_train::{train_tokenizer, TokenizerTraining};
 
 use std::path::Path;
 

@@ -159,6 +159,7 @@ fn engine_loop(
             .update_weights(u.version, &u.tensors)
             .map_err(|e| format!("weight update to version {}: {e}", u.version))?;
         stats.version.store(u.version, Ordering::SeqCst);
+        metrics::gauge!("mtrl_rollout_engine_policy_version").set(u.version as f64);
         let ns = t0.elapsed().as_nanos() as u64;
         stats.publish_ns.fetch_add(ns, Ordering::Relaxed);
         Ok(())
@@ -205,7 +206,9 @@ fn engine_loop(
         stats
             .tokens
             .fetch_add(out.tokens.len() as u64, Ordering::Relaxed);
-        metrics::histogram!("rollout_decode_batch").record(out.tokens.len() as f64);
+        metrics::histogram!("mtrl_rollout_decode_batch_size").record(out.tokens.len() as f64);
+        metrics::counter!("mtrl_rollout_engine_tokens_total").increment(out.tokens.len() as u64);
+        metrics::counter!("mtrl_rollout_engine_steps_total").increment(1);
         for c in out.finished {
             if let Some(reply) = pending.remove(&c.seq) {
                 let _ = reply.send(Ok(c));

@@ -124,7 +124,20 @@ pub async fn run_episode(
         turn += 1;
     }
     let (_, traj) = blocking(env, &name, &cx.stats, |e| e.finish()).await?;
+    record(&traj);
     Ok(traj)
+}
+
+/// Facade counters of a finished episode (tool names come from the environment's tool set, so
+/// the label's values are bounded).
+fn record(traj: &Trajectory) {
+    metrics::counter!("mtrl_rollout_episodes_total").increment(1);
+    metrics::counter!("mtrl_rollout_turns_total").increment(u64::from(traj.turns));
+    for (tool, n) in &traj.tools.calls {
+        metrics::counter!("mtrl_rollout_tool_calls_total", "tool" => tool.clone())
+            .increment(u64::from(*n));
+    }
+    metrics::counter!("mtrl_rollout_tool_errors_total").increment(u64::from(traj.tools.errors));
 }
 
 #[cfg(test)]

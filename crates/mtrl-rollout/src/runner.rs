@@ -243,7 +243,7 @@ impl Scheduler {
             let waited = t0.elapsed();
             self.wait_ns
                 .fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
-            metrics::histogram!("rollout_admission_wait_seconds").record(waited.as_secs_f64());
+            metrics::histogram!("mtrl_rollout_admission_wait_seconds").record(waited.as_secs_f64());
             let task = self.tasks.next_task();
             self.tracker.spawn(run_group(
                 index,
@@ -258,6 +258,7 @@ impl Scheduler {
             ));
             index += 1;
             self.admitted.store(index, Ordering::Relaxed);
+            metrics::counter!("mtrl_rollout_groups_admitted_total").increment(1);
         }
     }
 }

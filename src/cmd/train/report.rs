@@ -1,6 +1,10 @@
 //! Per-step metrics: computed from the batch, the learner's [`StepMetrics`] and the rollout
 //! counters; recorded through the `metrics` facade and returned as one JSON object (a line of
 //! `<checkpoint.dir>/metrics.jsonl`).
+//!
+//! Facade names: `mtrl_train_<record key>` (`@` spelled `_at_`, seconds as `_seconds`), gauges for
+//! per-step values, counters (`_total`) for sums over the run, histograms for durations and
+//! per-sample staleness. The rollout crate's series are `mtrl_rollout_*`.
 
 use std::collections::BTreeMap;
 
@@ -73,35 +77,41 @@ pub fn step_record(
     let wait = after.admission_wait_s - before.admission_wait_s;
     let tools_s = after.env_s - before.env_s;
 
-    metrics::gauge!("train_step").set(step as f64);
-    metrics::gauge!("reward_mean").set(reward_mean);
-    metrics::gauge!("reward_std").set(reward_std);
-    metrics::gauge!("ndcg_at_10").set(ndcg_mean);
-    metrics::gauge!("failure_rate").set(failure_rate);
+    metrics::gauge!("mtrl_train_step").set(step as f64);
+    metrics::gauge!("mtrl_train_policy_version").set(m.version as f64);
+    metrics::gauge!("mtrl_train_reward_mean").set(reward_mean);
+    metrics::gauge!("mtrl_train_reward_std").set(reward_std);
+    metrics::gauge!("mtrl_train_ndcg_at_10").set(ndcg_mean);
+    metrics::gauge!("mtrl_train_failure_rate").set(failure_rate);
     for r in FailureReason::ALL {
         let c = failures.get(r.as_str()).copied().unwrap_or(0);
-        metrics::counter!("failures_total", "reason" => r.as_str()).increment(c);
+        metrics::counter!("mtrl_train_failures_total", "reason" => r.as_str()).increment(c);
     }
-    metrics::gauge!("turns_mean").set(turns_mean);
+    metrics::gauge!("mtrl_train_turns_mean").set(turns_mean);
     for (lag, c) in m.lag_counts.iter().enumerate() {
         for _ in 0..*c {
-            metrics::histogram!("staleness").record(lag as f64);
+            metrics::histogram!("mtrl_train_sample_staleness").record(lag as f64);
         }
     }
-    metrics::counter!("staleness_violations_total").increment(m.dropped_stale);
-    metrics::histogram!("admission_wait_seconds").record(wait);
-    metrics::gauge!("rollout_tokens_per_second").set(rollout_tps);
-    metrics::gauge!("learner_tokens_per_second").set(learner_tps);
-    metrics::histogram!("time_generate_seconds").record(gen_s);
-    metrics::histogram!("time_tools_seconds").record(tools_s);
-    metrics::histogram!("time_learn_seconds").record(m.learn_s);
-    metrics::histogram!("time_publish_seconds").record(t.publish_s);
-    metrics::gauge!("loss").set(m.loss);
-    metrics::gauge!("clip_fraction").set(m.clip_fraction);
-    metrics::gauge!("entropy").set(m.entropy);
-    metrics::gauge!("kl").set(m.kl);
-    metrics::gauge!("grad_norm").set(m.grad_norm);
-    metrics::gauge!("lr").set(m.lr);
+    metrics::counter!("mtrl_train_stale_samples_dropped_total").increment(m.dropped_stale);
+    metrics::counter!("mtrl_train_sequences_total").increment(m.sequences);
+    metrics::counter!("mtrl_train_tokens_total").increment(m.tokens);
+    metrics::histogram!("mtrl_train_admission_wait_seconds").record(wait);
+    metrics::gauge!("mtrl_train_rollout_tokens_per_second").set(rollout_tps);
+    metrics::gauge!("mtrl_train_learner_tokens_per_second").set(learner_tps);
+    metrics::histogram!("mtrl_train_generate_seconds").record(gen_s);
+    metrics::histogram!("mtrl_train_tools_seconds").record(tools_s);
+    metrics::histogram!("mtrl_train_learn_seconds").record(m.learn_s);
+    metrics::histogram!("mtrl_train_publish_seconds").record(t.publish_s);
+    metrics::histogram!("mtrl_train_wait_for_batch_seconds").record(t.learn_wait_s);
+    metrics::histogram!("mtrl_train_step_seconds").record(t.step_wall_s);
+    metrics::gauge!("mtrl_train_loss").set(m.loss);
+    metrics::gauge!("mtrl_train_clip_fraction").set(m.clip_fraction);
+    metrics::gauge!("mtrl_train_behaviour_weight").set(m.behaviour_weight);
+    metrics::gauge!("mtrl_train_entropy").set(m.entropy);
+    metrics::gauge!("mtrl_train_kl").set(m.kl);
+    metrics::gauge!("mtrl_train_grad_norm").set(m.grad_norm);
+    metrics::gauge!("mtrl_train_lr").set(m.lr);
 
     json!({
         "step": step,

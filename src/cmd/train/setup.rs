@@ -31,18 +31,24 @@ pub struct ModelParts {
     pub codec: Arc<dyn ChatCodec>,
 }
 
-pub fn model_parts(cfg: &Config) -> Result<ModelParts> {
+/// The folder of the tokenizer files: `model.tokenizer`, else the checkpoint folder.
+pub fn tokenizer_dir(cfg: &Config) -> Result<std::path::PathBuf> {
     let m = cfg.model()?;
-    let device = mtrl_model::parse_device(&m.device)?;
-    let dtype = mtrl_model::parse_dtype(&m.dtype)?;
-    let tok_dir = match (&m.tokenizer, &m.source) {
+    Ok(match (&m.tokenizer, &m.source) {
         (Some(t), _) => t.clone(),
         (None, ModelSource::Dir(d)) => d.clone(),
         (None, _) => bail!(
             "{}: `model.tokenizer` is needed when `model.path` is random",
             cfg.source.display()
         ),
-    };
+    })
+}
+
+pub fn model_parts(cfg: &Config) -> Result<ModelParts> {
+    let m = cfg.model()?;
+    let device = mtrl_model::parse_device(&m.device)?;
+    let dtype = mtrl_model::parse_dtype(&m.dtype)?;
+    let tok_dir = tokenizer_dir(cfg)?;
     let tokenizer = Arc::new(
         Tokenizer::from_dir(&tok_dir)
             .with_context(|| format!("loading the tokenizer from {}", tok_dir.display()))?,
@@ -58,7 +64,7 @@ pub fn model_parts(cfg: &Config) -> Result<ModelParts> {
 
 /// Normal(0, 0.02) weights (norms at 1) from a SplitMix64 stream seeded by `seed`: the same seed
 /// gives the same bits on every machine.
-fn seeded_random(
+pub fn seeded_random(
     config: mtrl_model::Config,
     dtype: DType,
     dev: &Device,

@@ -8,7 +8,7 @@
 //! max_calls_per_turn = 8       # tool calls executed per message (more are answered with an error)
 //! final_k = 10                 # submitted ids scored (longer lists are cut)
 //! max_search_k = 50            # largest `k` a search tool accepts
-//! snippet_words = 60           # snippet budget per hit, in words
+//! snippet_words = 60           # snippet budget per hit, in words (0: titles only)
 //! failure_reward = -1.0
 //! reward = "ndcg@10"           # "recall@K", "exact_match", or a weighted sum:
 //! # reward = { "ndcg@10" = 0.8, "recall@100" = 0.2 }
@@ -201,7 +201,7 @@ impl EnvSpec {
             snippet_words: ctx.range(
                 "env.snippet_words",
                 self.snippet_words.unwrap_or(d.snippet_words),
-                1,
+                0,
                 100_000,
             )?,
             failure_reward,

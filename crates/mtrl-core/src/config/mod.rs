@@ -11,6 +11,7 @@ mod logging;
 mod model;
 mod rollout;
 mod search;
+mod sft;
 mod train;
 
 use std::path::{Path, PathBuf};
@@ -28,6 +29,7 @@ pub use search::{
     Bm25Config, Columns, EmbedderChoice, RetrievalEvalConfig, SearchConfig, SearchSpec, StopWords,
     VectorConfig,
 };
+pub use sft::{SftSettings, SftSpec, WarmStartConfig, WarmStartSpec};
 pub use train::{LrScheduleKind, TrainConfig, TrainSpec};
 
 use crate::error::{CoreError, Result};
@@ -47,6 +49,8 @@ pub struct ConfigSpec {
     pub train: Option<TrainSpec>,
     pub checkpoint: Option<CheckpointSpec>,
     pub logging: Option<LoggingSpec>,
+    pub sft: Option<SftSpec>,
+    pub warm_start: Option<WarmStartSpec>,
 }
 
 /// A validated configuration.
@@ -71,6 +75,8 @@ pub struct Config {
     pub checkpoint: CheckpointConfig,
     /// `[logging]` (defaults when absent).
     pub logging: LoggingConfig,
+    pub sft: SftSettings,
+    pub warm_start: Option<WarmStartConfig>,
 }
 
 impl Config {
@@ -144,6 +150,8 @@ impl ConfigSpec {
         let train = self.train.unwrap_or_default().validate(&ctx)?;
         let checkpoint = self.checkpoint.unwrap_or_default().validate(&ctx, &name)?;
         let logging = self.logging.unwrap_or_default().validate(&ctx)?;
+        let sft = self.sft.unwrap_or_default().validate(&ctx)?;
+        let warm_start = self.warm_start.map(|s| s.validate(&ctx)).transpose()?;
         Ok(Config {
             source: path.to_path_buf(),
             name,
@@ -156,6 +164,8 @@ impl ConfigSpec {
             train,
             checkpoint,
             logging,
+            sft,
+            warm_start,
         })
     }
 }

@@ -154,7 +154,8 @@ impl Tool for SearchTool {
                 json!({"doc_id": h.doc_id, "title": h.title, "snippet": cut_words(&h.snippet, self.snippet_words)})
             })
             .collect();
-        Ok(ToolOutput::text(Value::Array(list).to_string()))
+        let ids = hits.into_iter().map(|h| h.doc_id).collect();
+        Ok(ToolOutput::text(Value::Array(list).to_string()).with_ids(ids))
     }
 }
 
@@ -187,6 +188,7 @@ mod tests {
         let v: Value = serde_json::from_str(&out.content).unwrap();
         assert_eq!(v.as_array().unwrap().len(), 2);
         assert_eq!(v[1]["doc_id"], "d1");
+        assert_eq!(out.ids, vec!["d0", "d1"]);
         assert_eq!(v[0]["snippet"], "one two…");
         assert!(t.call(&json!({"query": "x", "k": 6})).is_err());
         assert!(t.call(&json!({"query": "x", "k": 0})).is_err());

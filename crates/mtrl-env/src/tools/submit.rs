@@ -91,6 +91,7 @@ impl Tool for SubmitTool {
         }
         Ok(ToolOutput {
             content,
+            ids: doc_ids.clone(),
             answer: Some(Answer { doc_ids, text }),
         })
     }

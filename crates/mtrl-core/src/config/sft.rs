@@ -1,0 +1,179 @@
+//! `[sft]` (supervised fine-tuning on trajectory files, `mtrl sft`) and `[warm_start]` (how the
+//! default job builds a policy from scratch: tokenizer, architecture, imperfect teacher).
+//!
+//! ```toml
+//! [sft]
+//! trajectories = "runs/teacher.jsonl"   # default input of `mtrl sft` (JSON Lines trajectories)
+//! output = "runs/sft"                   # where the fine-tuned HF checkpoint is written
+//! epochs = 2
+//! batch_size = 32                       # conversations per optimizer step
+//! lr = 3e-3
+//! warmup_steps = 5                      # then cosine decay to min_lr over the run
+//! min_lr = 3e-4
+//! grad_clip = 1.0
+//! micro_batch_tokens = 8192
+//! seed = 0                              # shuffling
+//!
+//! [warm_start]
+//! model_config = "demo-model.json"      # HF config.json of the random-init policy
+//! tokenizer = "runs/tokenizer"           # where the trained tokenizer is written
+//! tokenizer_vocab = 2048                # BPE trained on the corpus + teacher conversations
+//! teacher_samples = 4                   # teacher episodes per training task
+//! pseudo_queries = 600                  # extra teacher episodes on document titles
+//! p_weak = 0.6                          # teacher flaws: see mtrl-env's teacher
+//! p_loop = 0.1
+//! p_loop_trigger = 0.7
+//! trigger_words = ["what"]
+//! search_k = 5
+//! submit_k = 5
+//! keyword_queries = true               # the teacher searches with content words only
+//! id_tokens = true                      # every document id is one token of the tokenizer
+//! ```
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::Ctx;
+use crate::error::Result;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SftSpec {
+    pub trajectories: Option<String>,
+    pub output: Option<String>,
+    pub epochs: Option<usize>,
+    pub batch_size: Option<usize>,
+    pub lr: Option<f64>,
+    pub warmup_steps: Option<u64>,
+    pub min_lr: Option<f64>,
+    pub grad_clip: Option<f64>,
+    pub micro_batch_tokens: Option<usize>,
+    pub seed: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SftSettings {
+    pub trajectories: Option<PathBuf>,
+    pub output: Option<PathBuf>,
+    pub epochs: usize,
+    pub batch_size: usize,
+    pub lr: f64,
+    pub warmup_steps: u64,
+    pub min_lr: f64,
+    pub grad_clip: f64,
+    pub micro_batch_tokens: usize,
+    pub seed: u64,
+}
+
+impl SftSpec {
+    pub(crate) fn validate(self, ctx: &Ctx<'_>) -> Result<SftSettings> {
+        let lr = self.lr.unwrap_or(1e-5);
+        if lr.is_nan() || lr <= 0.0 || lr >= 1.0 {
+            return Err(ctx.invalid("sft.lr", format!("{lr} is outside (0, 1)")));
+        }
+        let min_lr = self.min_lr.unwrap_or(0.0);
+        if !(0.0..=lr).contains(&min_lr) {
+            return Err(ctx.invalid("sft.min_lr", format!("{min_lr} is outside [0, sft.lr]")));
+        }
+        let grad_clip = self.grad_clip.unwrap_or(1.0);
+        if grad_clip.is_nan() || grad_clip < 0.0 {
+            return Err(ctx.invalid("sft.grad_clip", "must be ≥ 0"));
+        }
+        Ok(SftSettings {
+            trajectories: self.trajectories.map(|p| ctx.resolve(&p)),
+            output: self.output.map(|p| ctx.resolve(&p)),
+            epochs: ctx.range("sft.epochs", self.epochs.unwrap_or(1), 1, 10_000)?,
+            batch_size: ctx.range("sft.batch_size", self.batch_size.unwrap_or(32), 1, 1 << 20)?,
+            lr,
+            warmup_steps: self.warmup_steps.unwrap_or(0),
+            min_lr,
+            grad_clip,
+            micro_batch_tokens: ctx.range(
+                "sft.micro_batch_tokens",
+                self.micro_batch_tokens.unwrap_or(8192),
+                16,
+                1 << 30,
+            )?,
+            seed: self.seed.unwrap_or(0),
+        })
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WarmStartSpec {
+    pub model_config: Option<String>,
+    pub tokenizer: Option<String>,
+    pub tokenizer_vocab: Option<usize>,
+    pub teacher_samples: Option<usize>,
+    pub pseudo_queries: Option<usize>,
+    pub p_weak: Option<f64>,
+    pub p_loop: Option<f64>,
+    pub p_loop_trigger: Option<f64>,
+    pub trigger_words: Option<Vec<String>>,
+    pub search_k: Option<usize>,
+    pub submit_k: Option<usize>,
+    pub keyword_queries: Option<bool>,
+    pub id_tokens: Option<bool>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct WarmStartConfig {
+    pub model_config: PathBuf,
+    pub tokenizer: PathBuf,
+    pub tokenizer_vocab: usize,
+    pub teacher_samples: usize,
+    pub pseudo_queries: usize,
+    pub p_weak: f64,
+    pub p_loop: f64,
+    pub p_loop_trigger: f64,
+    pub trigger_words: Vec<String>,
+    pub search_k: usize,
+    pub submit_k: usize,
+    pub keyword_queries: bool,
+    pub id_tokens: bool,
+}
+
+impl WarmStartSpec {
+    pub(crate) fn validate(self, ctx: &Ctx<'_>) -> Result<WarmStartConfig> {
+        let model_config = self
+            .model_config
+            .ok_or_else(|| ctx.invalid("warm_start.model_config", "is required"))?;
+        let prob = |key: &str, v: Option<f64>, d: f64| -> Result<f64> {
+            let v = v.unwrap_or(d);
+            if !(0.0..=1.0).contains(&v) {
+                return Err(ctx.invalid(key, format!("{v} is not a probability")));
+            }
+            Ok(v)
+        };
+        let tokenizer = self
+            .tokenizer
+            .ok_or_else(|| ctx.invalid("warm_start.tokenizer", "is required"))?;
+        Ok(WarmStartConfig {
+            model_config: ctx.resolve(&model_config),
+            tokenizer: ctx.resolve(&tokenizer),
+            tokenizer_vocab: ctx.range(
+                "warm_start.tokenizer_vocab",
+                self.tokenizer_vocab.unwrap_or(2048),
+                300,
+                1 << 20,
+            )?,
+            teacher_samples: ctx.range(
+                "warm_start.teacher_samples",
+                self.teacher_samples.unwrap_or(4),
+                1,
+                1000,
+            )?,
+            pseudo_queries: self.pseudo_queries.unwrap_or(0),
+            p_weak: prob("warm_start.p_weak", self.p_weak, 0.6)?,
+            p_loop: prob("warm_start.p_loop", self.p_loop, 0.1)?,
+            p_loop_trigger: prob("warm_start.p_loop_trigger", self.p_loop_trigger, 0.7)?,
+            trigger_words: self.trigger_words.unwrap_or_else(|| vec!["what".into()]),
+            search_k: ctx.range("warm_start.search_k", self.search_k.unwrap_or(5), 1, 1000)?,
+            submit_k: ctx.range("warm_start.submit_k", self.submit_k.unwrap_or(5), 1, 1000)?,
+            keyword_queries: self.keyword_queries.unwrap_or(true),
+            id_tokens: self.id_tokens.unwrap_or(true),
+        })
+    }
+}

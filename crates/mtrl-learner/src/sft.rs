@@ -1,0 +1,141 @@
+//! Supervised fine-tuning (warm start): next-token cross-entropy on the masked ids of
+//! teacher-forced conversations, with the same chunked log-probs, gradient clipping and AdamW as
+//! the RL step.
+//!
+//! Loss: `−Σ mask·log p / Σ mask` over the whole batch (token mean), computed in micro-batches of
+//! at most `micro_batch_tokens` padded ids whose gradients are summed, so the update does not
+//! depend on how the batch was split.
+
+use std::collections::BTreeMap;
+
+use candle_core::{DType, Device, Tensor};
+use mtrl_model::{logprobs_and_grads, Policy};
+
+use crate::adamw::AdamW;
+use crate::batch::{micro_batches, Row};
+use crate::clip::{clip_global_norm, global_norm};
+use crate::error::{LearnerError, Result};
+use crate::schedule::LrSchedule;
+
+/// One supervised example: ids and a 0/1 mask over them (1 = learn to produce this id).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SftExample {
+    pub tokens: Vec<u32>,
+    pub loss_mask: Vec<u8>,
+}
+
+/// Step settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SftConfig {
+    pub schedule: LrSchedule,
+    /// 0 = no clipping.
+    pub grad_clip: f64,
+    pub micro_batch_tokens: usize,
+}
+
+/// What one step did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SftMetrics {
+    /// Mean negative log-likelihood per trained id.
+    pub loss: f64,
+    /// Ids trained on.
+    pub tokens: u64,
+    pub grad_norm: f64,
+    pub lr: f64,
+    pub skipped: bool,
+}
+
+fn rows(examples: &[SftExample]) -> Result<Vec<Row>> {
+    examples
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            if e.tokens.len() != e.loss_mask.len() || e.tokens.len() < 2 {
+                return Err(LearnerError::Invalid(format!(
+                    "sft example {i}: {} ids and {} mask entries (need equal lengths ≥ 2)",
+                    e.tokens.len(),
+                    e.loss_mask.len()
+                )));
+            }
+            let n = e.tokens.len() - 1;
+            Ok(Row {
+                tokens: e.tokens.clone(),
+                mask: e.loss_mask[1..].iter().map(|m| *m as f32).collect(),
+                behaviour: vec![0.0; n],
+                advantage: 0.0,
+            })
+        })
+        .collect()
+}
+
+fn pad(rows: &[Row], dev: &Device) -> Result<(Tensor, Tensor, Tensor)> {
+    let t = rows.iter().map(|r| r.tokens.len()).max().unwrap_or(2);
+    let b = rows.len();
+    let (mut ids, mut att, mut mask) = (
+        vec![0u32; b * t],
+        vec![0u32; b * t],
+        vec![0f32; b * (t - 1)],
+    );
+    for (i, r) in rows.iter().enumerate() {
+        ids[i * t..i * t + r.tokens.len()].copy_from_slice(&r.tokens);
+        att[i * t..i * t + r.tokens.len()].fill(1);
+        mask[i * (t - 1)..i * (t - 1) + r.mask.len()].copy_from_slice(&r.mask);
+    }
+    Ok((
+        Tensor::from_vec(ids, (b, t), dev)?,
+        Tensor::from_vec(att, (b, t), dev)?,
+        Tensor::from_vec(mask, (b, t - 1), dev)?,
+    ))
+}
+
+/// One optimizer step of `policy` on `examples`.
+pub fn sft_step(
+    policy: &Policy,
+    opt: &mut AdamW,
+    examples: &[SftExample],
+    cfg: &SftConfig,
+) -> Result<SftMetrics> {
+    let mut rows = rows(examples)?;
+    // Similar lengths share a micro-batch: less padding (the loss is a sum, order-free).
+    rows.sort_by_key(|r| r.tokens.len());
+    let total: f64 = rows.iter().map(|r| r.mask.iter().sum::<f32>() as f64).sum();
+    let mut m = SftMetrics {
+        tokens: total as u64,
+        lr: cfg.schedule.lr_at(opt.step_count() + 1),
+        ..SftMetrics::default()
+    };
+    if total == 0.0 {
+        m.skipped = true;
+        return Ok(m);
+    }
+    let dev = policy.device().clone();
+    let mut grads: BTreeMap<String, Tensor> = BTreeMap::new();
+    for range in micro_batches(&rows, cfg.micro_batch_tokens) {
+        let (ids, att, mask) = pad(&rows[range], &dev)?;
+        let (loss, _, g) = logprobs_and_grads(policy, &ids, Some(&att), 1.0, |lp| {
+            lp.to_dtype(DType::F32)?.mul(&mask)?.sum_all()? * (-1.0 / total)
+        })?;
+        m.loss += loss as f64;
+        for (name, var) in policy.named_parameters() {
+            if let Some(gr) = g.get(var.as_tensor()) {
+                let gr = gr.to_dtype(DType::F32)?;
+                let acc = match grads.remove(name) {
+                    Some(prev) => (prev + gr)?,
+                    None => gr,
+                };
+                grads.insert(name.clone(), acc);
+            }
+        }
+    }
+    m.grad_norm = if cfg.grad_clip > 0.0 {
+        clip_global_norm(&mut grads, cfg.grad_clip)?.0
+    } else {
+        global_norm(&grads)?
+    };
+    if m.grad_norm.is_finite() && m.loss.is_finite() {
+        opt.step(policy.named_parameters(), &grads, m.lr)?;
+    } else {
+        m.skipped = true;
+    }
+    Ok(m)
+}

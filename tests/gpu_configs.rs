@@ -1,0 +1,103 @@
+//! The single-GPU configs (`configs/qwen3-0.6b-smoke.toml`, `configs/qwen3-4b.toml`) validate,
+//! hold the sizes the README's memory arithmetic assumes, map onto the learner's step config, and
+//! `mtrl train` on them fails with a clear error naming what is missing (the device on a CPU
+//! build; the user-supplied model folder once the device exists). Also: `mtrl selftest` passes on
+//! the CPU (the same command the GPU check runs on cuda:0).
+
+mod common;
+
+use common::{mtrl, repo};
+use mtrl_core::config::ModelSource;
+use mtrl_core::Config;
+use mtrl_learner::{LrSchedule, StepConfig};
+
+fn load(name: &str) -> Config {
+    let path = repo().join("configs").join(name);
+    Config::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn gpu_configs_validate_with_the_documented_sizes() {
+    // (file, model folder, max_context_tokens, micro_batch_tokens)
+    for (name, model, ctx, mbt) in [
+        ("qwen3-0.6b-smoke.toml", "Qwen3-0.6B", 2048, 2048),
+        ("qwen3-4b.toml", "Qwen3-4B", 1024, 1024),
+    ] {
+        let c = load(name);
+        let m = c.model().unwrap();
+        assert_eq!(
+            (m.dtype.as_str(), m.device.as_str()),
+            ("bf16", "cuda:0"),
+            "{name}"
+        );
+        match &m.source {
+            ModelSource::Dir(d) => assert!(d.ends_with(model), "{name}: {}", d.display()),
+            other => panic!("{name}: expected a model folder, got {other:?}"),
+        }
+        let env = c.env_or_default();
+        assert_eq!(env.max_context_tokens, ctx, "{name}");
+        assert_eq!(c.train.micro_batch_tokens, mbt, "{name}");
+        assert!(c
+            .data()
+            .unwrap()
+            .train
+            .iter()
+            .all(|d| d.path.to_string_lossy().contains("musique")));
+        assert!(c
+            .search()
+            .unwrap()
+            .corpus
+            .to_string_lossy()
+            .contains("musique-hipporag100"));
+        StepConfig::from_algorithm(
+            &c.algorithm,
+            c.rollout.temperature,
+            c.train.grad_clip,
+            c.train.micro_batch_tokens,
+            LrSchedule::constant(c.train.lr),
+            env.max_context_tokens,
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}
+
+#[test]
+fn training_without_the_device_or_the_weights_is_a_clear_error() {
+    let cfg = repo().join("configs/qwen3-0.6b-smoke.toml");
+    let (ok, _, err) = mtrl(&["train", "--config", cfg.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("device `cuda:0`"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    // The same config on the CPU: the missing model folder is named.
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("device = \"cuda:0\"", "device = \"cpu\"");
+    let copy = dir.path().join("configs").join("smoke.toml");
+    std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
+    std::fs::write(&copy, text).unwrap();
+    let (ok, _, err) = mtrl(&["train", "--config", copy.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("models/Qwen3-0.6B"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn selftest_passes_on_cpu() {
+    let fixtures = repo().join("tests/fixtures");
+    let (ok, out, err) = mtrl(&[
+        "selftest",
+        "--device",
+        "cpu",
+        "--fixtures",
+        fixtures.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}\n{err}");
+    let last: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(last["ok"], true, "{out}");
+    assert!(last["passed"].as_u64().unwrap() >= 40, "{out}");
+    let (ok, out, _) = mtrl(&["selftest", "--build-info"]);
+    assert!(ok);
+    let info: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(info["cuda"], cfg!(feature = "cuda"));
+}
