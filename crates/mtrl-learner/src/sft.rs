@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 use mtrl_model::{logprobs_and_grads, Policy};
 
 use crate::adamw::AdamW;
@@ -16,6 +16,7 @@ use crate::batch::{micro_batches, Row};
 use crate::clip::{clip_global_norm, global_norm};
 use crate::error::{LearnerError, Result};
 use crate::schedule::LrSchedule;
+use crate::step::pad;
 
 /// One supervised example: ids and a 0/1 mask over them (1 = learn to produce this id).
 #[derive(Debug, Clone, PartialEq)]
@@ -68,26 +69,6 @@ fn rows(examples: &[SftExample]) -> Result<Vec<Row>> {
         .collect()
 }
 
-fn pad(rows: &[Row], dev: &Device) -> Result<(Tensor, Tensor, Tensor)> {
-    let t = rows.iter().map(|r| r.tokens.len()).max().unwrap_or(2);
-    let b = rows.len();
-    let (mut ids, mut att, mut mask) = (
-        vec![0u32; b * t],
-        vec![0u32; b * t],
-        vec![0f32; b * (t - 1)],
-    );
-    for (i, r) in rows.iter().enumerate() {
-        ids[i * t..i * t + r.tokens.len()].copy_from_slice(&r.tokens);
-        att[i * t..i * t + r.tokens.len()].fill(1);
-        mask[i * (t - 1)..i * (t - 1) + r.mask.len()].copy_from_slice(&r.mask);
-    }
-    Ok((
-        Tensor::from_vec(ids, (b, t), dev)?,
-        Tensor::from_vec(att, (b, t), dev)?,
-        Tensor::from_vec(mask, (b, t - 1), dev)?,
-    ))
-}
-
 /// One optimizer step of `policy` on `examples`.
 pub fn sft_step(
     policy: &Policy,
@@ -111,9 +92,9 @@ pub fn sft_step(
     let dev = policy.device().clone();
     let mut grads: BTreeMap<String, Tensor> = BTreeMap::new();
     for range in micro_batches(&rows, cfg.micro_batch_tokens) {
-        let (ids, att, mask) = pad(&rows[range], &dev)?;
-        let (loss, _, g) = logprobs_and_grads(policy, &ids, Some(&att), 1.0, |lp| {
-            lp.to_dtype(DType::F32)?.mul(&mask)?.sum_all()? * (-1.0 / total)
+        let mb = pad(&rows[range], &dev)?;
+        let (loss, _, g) = logprobs_and_grads(policy, &mb.ids, Some(&mb.attention), 1.0, |lp| {
+            lp.to_dtype(DType::F32)?.mul(&mb.mask)?.sum_all()? * (-1.0 / total)
         })?;
         m.loss += loss as f64;
         for (name, var) in policy.named_parameters() {

@@ -140,16 +140,17 @@ fn algo(e: mtrl_algo::AlgoError) -> candle_core::Error {
     candle_core::Error::Msg(e.to_string())
 }
 
-struct Micro {
-    ids: Tensor,
-    attention: Tensor,
-    mask: Tensor,
+/// A padded micro-batch (also used by [`crate::sft`]).
+pub(crate) struct Micro {
+    pub(crate) ids: Tensor,
+    pub(crate) attention: Tensor,
+    pub(crate) mask: Tensor,
     behaviour: Tensor,
     adv: Tensor,
     padded: usize,
 }
 
-fn pad(rows: &[Row], dev: &Device) -> Result<Micro> {
+pub(crate) fn pad(rows: &[Row], dev: &Device) -> Result<Micro> {
     let t = rows.iter().map(|r| r.tokens.len()).max().unwrap_or(2);
     let b = rows.len();
     let (mut ids, mut att) = (vec![0u32; b * t], vec![0u32; b * t]);
