@@ -2,44 +2,18 @@
 //! bundled Cranfield collection (hashing embedder, index in a temporary folder), and a run of the
 //! `custom_tool` example.
 
-use std::path::{Path, PathBuf};
-
 mod common;
-use common::{mtrl, repo};
+use common::{cranfield_config, json, mtrl};
 
 // The example, compiled into this test so that it is run, not only built.
 #[path = "../examples/custom_tool.rs"]
 #[allow(dead_code)]
 mod custom_tool;
 
-/// Cranfield with the hashing embedder, indexed in `dir`, plus `extra` TOML.
-fn cranfield_config(dir: &Path, file: &str, extra: &str) -> PathBuf {
-    let data = repo().join("data/cranfield");
-    let cfg = dir.join(file);
-    std::fs::write(
-        &cfg,
-        format!(
-            "name = 'cranfield-test'\n[search]\ncorpus = '{}'\nindex_dir = '{}'\nembedder = 'hash'\n\
-             skip_bad_rows = true\n[search.columns]\nid = 'doc_id'\n[search.eval]\nqueries = '{}'\n\
-             qrels = '{}'\n{extra}",
-            data.join("docs.jsonl").display(),
-            dir.join("index").display(),
-            data.join("queries.tsv").display(),
-            data.join("qrels.trec").display()
-        ),
-    )
-    .unwrap();
-    cfg
-}
-
-fn json(out: &str) -> serde_json::Value {
-    serde_json::from_str(out).unwrap_or_else(|e| panic!("{e}: {out}"))
-}
-
 #[test]
 fn baselines_match_search_eval_and_prepared_splits_run() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = cranfield_config(dir.path(), "cranfield.toml", "");
+    let cfg = cranfield_config(dir.path(), "cranfield-test", "cranfield.toml", "");
     let cfg = cfg.to_str().unwrap();
 
     let (ok, out, err) = mtrl(&["search-eval", "--config", cfg, "--json"]);
@@ -115,7 +89,12 @@ fn baselines_match_search_eval_and_prepared_splits_run() {
             "[data]\ntrain = '{d}/train.{ext}'\ntest = '{d}/test.{ext}'\n[env]\nmax_turns = 4\n",
             d = split_dir.display()
         );
-        let cfg2 = cranfield_config(dir.path(), &format!("with-data-{ext}.toml"), &extra);
+        let cfg2 = cranfield_config(
+            dir.path(),
+            "cranfield-test",
+            &format!("with-data-{ext}.toml"),
+            &extra,
+        );
         let traj = dir.path().join("traj.jsonl");
         let (ok, out, err) = mtrl(&[
             "rollout",

@@ -3,34 +3,8 @@
 //! split (hashing embedder, index and data in a temporary folder); then the refusals (leaked test
 //! prompts, a missing model folder, a test file without judgments).
 
-use std::path::{Path, PathBuf};
-
 mod common;
-use common::{mtrl, repo};
-
-/// Cranfield with the hashing embedder, indexed in `dir`, plus `extra` TOML.
-fn config(dir: &Path, file: &str, extra: &str) -> PathBuf {
-    let data = repo().join("data/cranfield");
-    let cfg = dir.join(file);
-    std::fs::write(
-        &cfg,
-        format!(
-            "name = 'cran'\n[search]\ncorpus = '{}'\nindex_dir = '{}'\nembedder = 'hash'\n\
-             skip_bad_rows = true\n[search.columns]\nid = 'doc_id'\n[search.eval]\nqueries = '{}'\n\
-             qrels = '{}'\n{extra}",
-            data.join("docs.jsonl").display(),
-            dir.join("index").display(),
-            data.join("queries.tsv").display(),
-            data.join("qrels.trec").display()
-        ),
-    )
-    .unwrap();
-    cfg
-}
-
-fn json(text: &str) -> serde_json::Value {
-    serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
-}
+use common::{cranfield_config, json, mtrl, repo};
 
 const LIMIT: &str = "4";
 
@@ -38,7 +12,7 @@ const LIMIT: &str = "4";
 fn eval_reports_policies_and_baselines_and_refuses_bad_input() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let base_cfg = config(d, "base.toml", "");
+    let base_cfg = cranfield_config(d, "cran", "base.toml", "");
     let data = d.join("data");
     let (ok, _, err) = mtrl(&[
         "data",
@@ -53,8 +27,9 @@ fn eval_reports_policies_and_baselines_and_refuses_bad_input() {
     // Short budgets: a random policy writes 8 tokens and fails (token_limit) in its first turn.
     let budgets = "[env]\nmax_turns = 2\nmax_tokens_per_turn = 8\nmax_context_tokens = 1024\n\
                    [rollout]\nrollout_max_concurrency = 8\ntemperature = 1.0\n";
-    let cfg = config(
+    let cfg = cranfield_config(
         d,
+        "cran",
         "eval.toml",
         &format!(
             "[data]\ntrain = '{s}/train.jsonl'\ntest = '{s}/test.jsonl'\n{budgets}",
@@ -172,8 +147,9 @@ fn eval_reports_policies_and_baselines_and_refuses_bad_input() {
     assert!(ndcg > 0.0);
 
     // Test prompts that are also training prompts: refused, naming both files.
-    let leaky = config(
+    let leaky = cranfield_config(
         d,
+        "cran",
         "leaky.toml",
         &format!(
             "[data]\ntrain = ['{s}/train.jsonl', '{s}/test.jsonl']\ntest = '{s}/test.jsonl'\n{budgets}",
@@ -214,8 +190,9 @@ fn eval_reports_policies_and_baselines_and_refuses_bad_input() {
         "{\"id\": \"q1\", \"prompt\": {\"query\": \"wing flutter\"}}\n",
     )
     .unwrap();
-    let no_qrels = config(
+    let no_qrels = cranfield_config(
         d,
+        "cran",
         "noqrels.toml",
         &format!("[data]\ntest = '{}'\n{budgets}", bare.display()),
     );

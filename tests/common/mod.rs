@@ -2,7 +2,7 @@
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Runs `mtrl ARGS`: (success, stdout, stderr).
@@ -21,4 +21,30 @@ pub fn mtrl(args: &[&str]) -> (bool, String, String) {
 /// The repository root.
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A config named `name` for Cranfield with the hashing embedder, indexed in `dir`, written to
+/// `dir/file`, with `extra` TOML appended.
+pub fn cranfield_config(dir: &Path, name: &str, file: &str, extra: &str) -> PathBuf {
+    let data = repo().join("data/cranfield");
+    let cfg = dir.join(file);
+    std::fs::write(
+        &cfg,
+        format!(
+            "name = '{name}'\n[search]\ncorpus = '{}'\nindex_dir = '{}'\nembedder = 'hash'\n\
+             skip_bad_rows = true\n[search.columns]\nid = 'doc_id'\n[search.eval]\nqueries = '{}'\n\
+             qrels = '{}'\n{extra}",
+            data.join("docs.jsonl").display(),
+            dir.join("index").display(),
+            data.join("queries.tsv").display(),
+            data.join("qrels.trec").display()
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+/// Parses command output as JSON, showing the text when it is not.
+pub fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
 }
