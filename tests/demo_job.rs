@@ -6,32 +6,21 @@
 //! CSV) and the training curves.
 
 mod common;
-use common::{mtrl, repo};
+use common::mtrl;
 
 #[test]
 fn default_job_runs_every_stage_and_writes_its_outputs() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let root = repo();
-    let text = std::fs::read_to_string(root.join("configs/demo.toml")).unwrap();
-    let short = text
-        .replace("\"../data/", &format!("\"{}/data/", root.display()))
-        .replace("\"../runs/", &format!("\"{}/", d.display()))
-        .replace(
-            "\"demo-model.json\"",
-            &format!("\"{}/configs/demo-model.json\"", root.display()),
-        )
-        .replace("teacher_samples = 2", "teacher_samples = 1")
-        .replace("pseudo_queries = 400", "pseudo_queries = 16")
-        .replace("epochs = 2", "epochs = 1")
-        .replace("group_size = 8", "group_size = 4")
-        .replace("global_batch_size = 8", "global_batch_size = 2");
-    assert!(
-        !short.contains("\"../"),
-        "a relative path was left: {short}"
+    let cfg = common::demo_config(
+        d,
+        &[
+            ("teacher_samples = 4", "teacher_samples = 2"),
+            ("epochs = 3", "epochs = 1"),
+            ("group_size = 8", "group_size = 4"),
+            ("global_batch_size = 8", "global_batch_size = 2"),
+        ],
     );
-    let cfg = d.join("demo.toml");
-    std::fs::write(&cfg, short).unwrap();
     let (ok, out, err) = mtrl(&[
         "demo",
         "--config",
@@ -85,7 +74,16 @@ fn default_job_runs_every_stage_and_writes_its_outputs() {
             .unwrap();
     let runs = report["datasets"][0]["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 4);
-    // The teacher fails on purpose sometimes (it keeps searching past the turn budget).
+    // The teacher fails on purpose sometimes (it keeps searching past the turn budget), and uses
+    // the demo environment's argument shortcuts (no query, submit by rank).
     let teacher = std::fs::read_to_string(d.join("demo/teacher.jsonl")).unwrap();
     assert!(teacher.contains("\"failure\":\"turn_limit\""));
+    assert!(
+        teacher.contains(r#"{\"hits\":[1,2,3,4,5]}"#),
+        "no submit by rank"
+    );
+    assert!(
+        !teacher.contains(r#"\"query\":"#),
+        "the teacher wrote a query"
+    );
 }

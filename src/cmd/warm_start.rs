@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use mtrl_core::config::WarmStartConfig;
-use mtrl_core::{Config, Trajectory};
+use mtrl_core::{Config, EnvConfig, Trajectory};
 use mtrl_env::rng::hash_str;
 use mtrl_env::{run_episode, SearchEnv, SearchTask, Task, Teacher, TeacherSpec};
 use mtrl_model::{ChatOptions, ChatTemplate, TokenizerTraining};
@@ -23,8 +23,8 @@ use serde_json::Value;
 /// ChatML with a one-line-per-tool list (see the module docs).
 pub const COMPACT_CHAT_TEMPLATE: &str = r#"{%- if tools %}{{- '<|im_start|>system\n' }}{%- if messages[0].role == 'system' %}{{- messages[0].content + '\n' }}{%- endif %}{{- '# Tools\n' }}{%- for tool in tools %}{%- set f = tool.function if tool.function is defined else tool %}{{- '- ' + f.name + '(' + (f.parameters.properties | list | join(', ')) + ')\n' }}{%- endfor %}{{- '<|im_end|>\n' }}{%- else %}{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}{%- endif %}{%- endif %}{%- for message in messages %}{%- if message.role == 'system' %}{%- if not loop.first %}{{- '<|im_start|>system\n' + message.content + '<|im_end|>\n' }}{%- endif %}{%- elif message.role == 'user' %}{{- '<|im_start|>user\n' + message.content + '<|im_end|>\n' }}{%- elif message.role == 'assistant' %}{{- '<|im_start|>assistant\n' }}{%- if message.content is defined and message.content is string and message.content %}{{- message.content }}{%- elif message.tool_calls is defined and message.tool_calls %}{%- for tool_call in message.tool_calls %}{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}{%- if not loop.first %}{{- '\n' }}{%- endif %}{{- '<tool_call>\n{"name": "' + tool_call.name + '", "arguments": ' }}{%- if tool_call.arguments is string %}{{- tool_call.arguments }}{%- else %}{{- tool_call.arguments | tojson }}{%- endif %}{{- '}\n</tool_call>' }}{%- endfor %}{%- endif %}{{- '<|im_end|>\n' }}{%- elif message.role == 'tool' %}{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}{{- '\n<tool_response>\n' + message.content + '\n</tool_response>' }}{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"#;
 
-/// The teacher of `[warm_start]`.
-pub fn teacher_spec(ws: &WarmStartConfig) -> TeacherSpec {
+/// The teacher of `[warm_start]`; it uses the argument shortcuts `env` switches on.
+pub fn teacher_spec(ws: &WarmStartConfig, env: &EnvConfig) -> TeacherSpec {
     TeacherSpec {
         p_weak: ws.p_weak,
         p_loop: ws.p_loop,
@@ -33,6 +33,8 @@ pub fn teacher_spec(ws: &WarmStartConfig) -> TeacherSpec {
         search_k: ws.search_k,
         submit_k: ws.submit_k,
         keyword_queries: ws.keyword_queries,
+        omit_query: env.default_query,
+        submit_hits: env.submit_hits,
         ..TeacherSpec::default()
     }
 }
@@ -47,7 +49,7 @@ pub fn teacher_episodes(
     train: &[Task],
     seed: u64,
 ) -> Result<Vec<Trajectory>> {
-    let spec = teacher_spec(ws);
+    let spec = teacher_spec(ws, &cfg.env_or_default());
     let mut env = SearchEnv::standard(cfg.env_or_default(), index.clone())?;
     let mut out = Vec::new();
     for task in train {

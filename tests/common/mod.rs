@@ -48,3 +48,28 @@ pub fn cranfield_config(dir: &Path, name: &str, file: &str, extra: &str) -> Path
 pub fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
 }
+
+/// `configs/demo.toml` with every path moved into `dir` (corpus and model shape stay in the
+/// repository) and each `(from, to)` text swapped; a `from` the config no longer has is an error,
+/// so a test cannot silently run other settings than it names. Written to `dir/demo.toml`.
+pub fn demo_config(dir: &Path, swaps: &[(&str, &str)]) -> PathBuf {
+    let root = repo();
+    let text = std::fs::read_to_string(root.join("configs/demo.toml")).unwrap();
+    let mut text = text
+        .replace("\"../data/", &format!("\"{}/data/", root.display()))
+        .replace("\"../runs/", &format!("\"{}/", dir.display()));
+    let model = format!("\"{}/configs/demo-model.json\"", root.display());
+    let mut all = vec![("\"demo-model.json\"", model.as_str())];
+    all.extend_from_slice(swaps);
+    for (from, to) in all {
+        assert!(
+            text.contains(from),
+            "configs/demo.toml no longer has `{from}`"
+        );
+        text = text.replace(from, to);
+    }
+    assert!(!text.contains("\"../"), "a relative path was left: {text}");
+    let cfg = dir.join("demo.toml");
+    std::fs::write(&cfg, text).unwrap();
+    cfg
+}

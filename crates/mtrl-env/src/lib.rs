@@ -28,6 +28,7 @@ pub mod reward;
 pub mod rng;
 pub mod scripted;
 pub mod search_env;
+pub mod shortcuts;
 pub mod task;
 pub mod tasks;
 pub mod teacher;

@@ -67,12 +67,13 @@ impl ScriptedAgent {
     }
 }
 
-/// Doc ids of a search tool response (a JSON array of hits); anything else gives none.
+/// Doc ids of a search tool response (a JSON array of hits, or of bare ids); anything else gives
+/// none.
 pub fn hit_ids(content: &str) -> Vec<String> {
     match serde_json::from_str::<Value>(content) {
         Ok(Value::Array(hits)) => hits
             .iter()
-            .filter_map(|h| h.get("doc_id").and_then(Value::as_str).map(str::to_string))
+            .filter_map(|h| h.get("doc_id").unwrap_or(h).as_str().map(str::to_string))
             .collect(),
         _ => Vec::new(),
     }

@@ -30,6 +30,7 @@ use crate::error::{EnvError, Result};
 use crate::parser::parse_tool_calls;
 use crate::prompt::{default_system_prompt, Conversation, DefaultConversation};
 use crate::reward::{self, NdcgAt, Reward};
+use crate::shortcuts;
 use crate::task::{SearchTask, Task};
 use crate::tool::{Answer, Tool, ToolError};
 use crate::tools::{SearchTool, SubmitTool};
@@ -203,19 +204,19 @@ impl SearchEnv {
 pub fn standard_tools(cfg: &EnvConfig, index: Arc<SearchIndex>) -> Vec<Arc<dyn Tool>> {
     let k = cfg.final_k.min(cfg.max_search_k);
     vec![
-        Arc::new(SearchTool::bm25(
-            index.clone(),
-            k,
-            cfg.max_search_k,
-            cfg.snippet_words,
-        )),
-        Arc::new(SearchTool::vector(
-            index.clone(),
-            k,
-            cfg.max_search_k,
-            cfg.snippet_words,
-        )),
-        Arc::new(SubmitTool::new(cfg.final_k, Some(index.corpus().clone()))),
+        Arc::new(
+            SearchTool::bm25(index.clone(), k, cfg.max_search_k, cfg.snippet_words)
+                .with_format(cfg.hits)
+                .with_optional_query(cfg.default_query),
+        ),
+        Arc::new(
+            SearchTool::vector(index.clone(), k, cfg.max_search_k, cfg.snippet_words)
+                .with_format(cfg.hits)
+                .with_optional_query(cfg.default_query),
+        ),
+        Arc::new(
+            SubmitTool::new(cfg.final_k, Some(index.corpus().clone())).with_hits(cfg.submit_hits),
+        ),
     ]
 }
 
@@ -302,7 +303,16 @@ impl Environment for SearchEnv {
                                 .join(", ")
                         )),
                     ),
-                    Some(tool) => match tool.call(&call.arguments) {
+                    Some(tool) => match shortcuts::resolve(
+                        &cfg,
+                        tool.as_ref(),
+                        &call.arguments,
+                        &ep.task.query,
+                        &ep.traj.tool_calls,
+                    )
+                    .map_err(ToolError::Invalid)
+                    .and_then(|args| tool.call(&args))
+                    {
                         Ok(out) => {
                             ep.traj.tools.count_call(&call.name);
                             result_ids = out.ids;

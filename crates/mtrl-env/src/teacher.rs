@@ -46,6 +46,11 @@ pub struct TeacherSpec {
     /// Search with the query's content words only (stop words and punctuation dropped), as a
     /// keyword-search user would; BM25 drops those words anyway.
     pub keyword_queries: bool,
+    /// Leave `query` out of search calls (the environment searches for the question; needs
+    /// `env.default_query`).
+    pub omit_query: bool,
+    /// Submit by rank, `{"hits": [1, …]}` (needs `env.submit_hits`).
+    pub submit_hits: bool,
 }
 
 impl Default for TeacherSpec {
@@ -60,6 +65,8 @@ impl Default for TeacherSpec {
             search_k: 5,
             submit_k: 5,
             keyword_queries: true,
+            omit_query: false,
+            submit_hits: false,
         }
     }
 }
@@ -153,7 +160,11 @@ impl Agent for Teacher {
         } else {
             query.to_string()
         };
-        let args = json!({"query": q, "k": s.search_k});
+        let args = if s.omit_query {
+            json!({"k": s.search_k})
+        } else {
+            json!({"query": q, "k": s.search_k})
+        };
         if obs.turn == 0 {
             return Ok(Action::text(call(first, args)));
         }
@@ -167,6 +178,10 @@ impl Agent for Teacher {
             .next()
             .unwrap_or_default();
         ids.truncate(s.submit_k);
+        if s.submit_hits {
+            let ranks: Vec<usize> = (1..=ids.len()).collect();
+            return Ok(Action::text(call("submit", json!({"hits": ranks}))));
+        }
         Ok(Action::text(call("submit", json!({"doc_ids": ids}))))
     }
 }

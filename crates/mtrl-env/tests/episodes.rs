@@ -347,3 +347,68 @@ fn bad_task_and_misuse_are_errors() {
     cont(e.reset(&task()).unwrap());
     assert!(e.finish().is_err(), "finish before done");
 }
+
+/// Hits only for the task's own query ("wings"): shows which query a call searched.
+struct OnlyWings;
+
+impl Retriever for OnlyWings {
+    fn name(&self) -> &'static str {
+        "only-wings"
+    }
+    fn search(&self, q: &str, k: usize) -> mtrl_search::Result<Vec<Hit>> {
+        if q == "wings" {
+            Ladder.search(q, k)
+        } else {
+            Ok(Vec::new())
+        }
+    }
+}
+
+#[test]
+fn argument_shortcuts_search_the_question_and_submit_by_rank() {
+    let cfg = EnvConfig {
+        default_query: true,
+        submit_hits: true,
+        ..EnvConfig::default()
+    };
+    let tools: Vec<Arc<dyn Tool>> = vec![
+        Arc::new(
+            SearchTool::new("bm25_search", "d", Arc::new(OnlyWings), 5, 20, 0)
+                .with_optional_query(true),
+        ),
+        Arc::new(SubmitTool::new(cfg.final_k, None).with_hits(true)),
+    ];
+    assert_eq!(
+        tools[0].schema()["function"]["parameters"]["required"],
+        serde_json::json!([])
+    );
+    assert!(tools[1].schema()["function"]["parameters"]["properties"]["hits"].is_object());
+    let mut e = SearchEnv::new(cfg, tools, Arc::new(NdcgAt(10))).unwrap();
+    cont(e.reset(&task()).unwrap());
+    let search = r#"<tool_call>{"name":"bm25_search","arguments":{"k":3}}</tool_call>"#;
+    let obs = cont(e.step(Action::text(search)).unwrap());
+    let hits: Value = serde_json::from_str(&obs.messages.last().unwrap().content).unwrap();
+    assert_eq!(
+        hits.as_array().unwrap().len(),
+        3,
+        "the question was searched"
+    );
+    // A rank past the results is an error the model sees; the episode goes on.
+    let bad = r#"<tool_call>{"name":"submit","arguments":{"hits":[4]}}</tool_call>"#;
+    let obs = cont(e.step(Action::text(bad)).unwrap());
+    let reply = &obs.messages.last().unwrap().content;
+    assert!(reply.contains("hit 4 is out of range"), "{reply}");
+    let submit = r#"<tool_call>{"name":"submit","arguments":{"hits":[2,1]}}</tool_call>"#;
+    assert_eq!(e.step(Action::text(submit)).unwrap(), Step::Done);
+    let t = e.finish().unwrap();
+    assert_eq!(t.failure, None);
+    assert_eq!(t.answer, Some(vec!["d1".to_string(), "d0".to_string()]));
+    assert_eq!(t.reward, 1.0);
+    let last = t.tool_calls.last().unwrap();
+    assert_eq!(
+        last.arguments["hits"],
+        serde_json::json!([2, 1]),
+        "what the model wrote"
+    );
+    assert_eq!(last.result_ids, vec!["d1", "d0"]);
+}

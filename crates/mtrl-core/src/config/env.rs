@@ -9,6 +9,10 @@
 //! final_k = 10                 # submitted ids scored (longer lists are cut)
 //! max_search_k = 50            # largest `k` a search tool accepts
 //! snippet_words = 60           # snippet budget per hit, in words (0: titles only)
+//! hits = "full"                # how a search result is shown: "full" ({doc_id, title, snippet}),
+//!                              # "titles" ({doc_id, title}) or "ids" (["12", "884", …])
+//! default_query = false        # a search call may leave out `query`: the task's question is searched
+//! submit_hits = false          # `submit` also takes `hits`: 1-based ranks into the last search's results
 //! failure_reward = -1.0
 //! reward = "ndcg@10"           # "recall@K", "exact_match", or a weighted sum:
 //! # reward = { "ndcg@10" = 0.8, "recall@100" = 0.2 }
@@ -39,6 +43,9 @@ pub struct EnvSpec {
     pub final_k: Option<usize>,
     pub max_search_k: Option<usize>,
     pub snippet_words: Option<usize>,
+    pub hits: Option<String>,
+    pub default_query: Option<bool>,
+    pub submit_hits: Option<bool>,
     pub failure_reward: Option<f64>,
     pub reward: Option<RewardSpec>,
     pub system_prompt: Option<String>,
@@ -80,6 +87,31 @@ impl RewardKind {
     }
 }
 
+/// How a search tool shows its hits to the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HitFormat {
+    /// `[{"doc_id", "title", "snippet"}, …]`.
+    #[default]
+    Full,
+    /// `[{"doc_id", "title"}, …]`.
+    Titles,
+    /// `["12", "884", …]`: the ids alone, in the same form `submit` takes them (small models copy
+    /// them straight into their answer).
+    Ids,
+}
+
+impl HitFormat {
+    /// Parses `full`, `titles`, `ids`.
+    pub fn parse(name: &str) -> Option<HitFormat> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "full" => Some(HitFormat::Full),
+            "titles" => Some(HitFormat::Titles),
+            "ids" => Some(HitFormat::Ids),
+            _ => None,
+        }
+    }
+}
+
 /// The reward: a weighted sum of named functions (a single name has weight 1).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RewardChoice {
@@ -95,6 +127,11 @@ pub struct EnvConfig {
     pub final_k: usize,
     pub max_search_k: usize,
     pub snippet_words: usize,
+    pub hits: HitFormat,
+    /// A search call without `query` searches for the task's question.
+    pub default_query: bool,
+    /// `submit` also takes `hits`, 1-based ranks into the most recent search's results.
+    pub submit_hits: bool,
     pub failure_reward: f64,
     pub reward: RewardChoice,
     pub system_prompt: Option<String>,
@@ -110,6 +147,9 @@ impl Default for EnvConfig {
             final_k: 10,
             max_search_k: 50,
             snippet_words: 60,
+            hits: HitFormat::Full,
+            default_query: false,
+            submit_hits: false,
             failure_reward: -1.0,
             reward: RewardChoice {
                 terms: vec![(RewardKind::Ndcg(10), 1.0)],
@@ -148,6 +188,15 @@ impl EnvSpec {
                 }
                 RewardChoice { terms }
             }
+        };
+        let hits = match &self.hits {
+            None => d.hits,
+            Some(h) => HitFormat::parse(h).ok_or_else(|| {
+                ctx.invalid(
+                    "env.hits",
+                    format!("`{h}` is not \"full\", \"titles\" or \"ids\""),
+                )
+            })?,
         };
         let failure_reward = self.failure_reward.unwrap_or(d.failure_reward);
         if !failure_reward.is_finite() {
@@ -204,6 +253,9 @@ impl EnvSpec {
                 0,
                 100_000,
             )?,
+            hits,
+            default_query: self.default_query.unwrap_or(d.default_query),
+            submit_hits: self.submit_hits.unwrap_or(d.submit_hits),
             failure_reward,
             reward,
             system_prompt: self.system_prompt,
@@ -272,5 +324,19 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(msg.contains("env.max_context_tokens"), "{msg}");
+    }
+
+    #[test]
+    fn hit_formats_parse_and_unknown_ones_name_the_key() {
+        let e = load("[env]\nhits = \"ids\"\n").unwrap().env.unwrap();
+        assert_eq!(e.hits, HitFormat::Ids);
+        assert_eq!(HitFormat::parse(" Titles"), Some(HitFormat::Titles));
+        let msg = load("[env]\nhits = \"snippets\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("env.hits") && msg.contains("snippets"),
+            "{msg}"
+        );
     }
 }

@@ -21,7 +21,7 @@ use serde::Deserialize;
 pub use algorithm::{AlgorithmConfig, AlgorithmSpec, ADVANTAGES, LOSSES, LOSS_AGGS};
 pub use checkpoint::{CheckpointConfig, CheckpointSpec};
 pub use data::{DataConfig, DataSpec, DatasetConfig, OneOrMany};
-pub use env::{EnvConfig, EnvSpec, RewardChoice, RewardKind, RewardSpec};
+pub use env::{EnvConfig, EnvSpec, HitFormat, RewardChoice, RewardKind, RewardSpec};
 pub use logging::{LoggingConfig, LoggingSpec};
 pub use model::{ModelConfig, ModelSource, ModelSpec, RANDOM_PRESETS};
 pub use rollout::{EnvironmentKind, RolloutConfig, RolloutSpec};

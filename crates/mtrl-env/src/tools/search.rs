@@ -2,10 +2,12 @@
 //!
 //! The response is a JSON array `[{"doc_id", "title", "snippet"}, …]`, best first, each snippet
 //! cut to `snippet_words` words (after the search crate's own `snippet_chars` cut). JSON because
-//! models read it well and scripted policies parse it exactly.
+//! models read it well and scripted policies parse it exactly. `env.hits` picks a shorter form:
+//! `[{"doc_id", "title"}, …]` or the bare ids `["12", "884", …]`.
 
 use std::sync::Arc;
 
+use mtrl_core::config::HitFormat;
 use mtrl_search::{Hit, Retriever, SearchIndex};
 use serde_json::{json, Value};
 
@@ -50,6 +52,8 @@ pub struct SearchTool {
     default_k: usize,
     max_k: usize,
     snippet_words: usize,
+    format: HitFormat,
+    optional_query: bool,
 }
 
 impl SearchTool {
@@ -68,7 +72,29 @@ impl SearchTool {
             default_k: default_k.clamp(1, max_k.max(1)),
             max_k: max_k.max(1),
             snippet_words,
+            format: HitFormat::Full,
+            optional_query: false,
         }
+    }
+
+    /// Marks `query` optional in the schema: the environment searches for the task's question
+    /// when a call leaves it out (`env.default_query`, see [`crate::shortcuts`]).
+    pub fn with_optional_query(mut self, optional: bool) -> SearchTool {
+        self.optional_query = optional;
+        self
+    }
+
+    /// Shows hits in `format` (default [`HitFormat::Full`]).
+    pub fn with_format(mut self, format: HitFormat) -> SearchTool {
+        const FULL: &str = "with id, title and a snippet.";
+        let shown = match format {
+            HitFormat::Full => FULL,
+            HitFormat::Titles => "with id and title.",
+            HitFormat::Ids => "as a list of document ids.",
+        };
+        self.description = self.description.replace(FULL, shown);
+        self.format = format;
+        self
     }
 
     /// `bm25_search` over the index's BM25 retriever.
@@ -127,13 +153,17 @@ impl Tool for SearchTool {
             json!({
                 "type": "object",
                 "properties": {
-                    "query": {"type": "string", "description": "The search query."},
+                    "query": {"type": "string", "description": if self.optional_query {
+                        "The search query (default: the user's question)."
+                    } else {
+                        "The search query."
+                    }},
                     "k": {
                         "type": "integer",
                         "description": format!("Number of results (1 to {}, default {}).", self.max_k, self.default_k),
                     }
                 },
-                "required": ["query"]
+                "required": if self.optional_query { json!([]) } else { json!(["query"]) }
             }),
         )
     }
@@ -150,8 +180,12 @@ impl Tool for SearchTool {
             .map_err(|e| ToolError::Fatal(e.into()))?;
         let list: Vec<Value> = hits
             .iter()
-            .map(|h| {
-                json!({"doc_id": h.doc_id, "title": h.title, "snippet": cut_words(&h.snippet, self.snippet_words)})
+            .map(|h| match self.format {
+                HitFormat::Full => {
+                    json!({"doc_id": h.doc_id, "title": h.title, "snippet": cut_words(&h.snippet, self.snippet_words)})
+                }
+                HitFormat::Titles => json!({"doc_id": h.doc_id, "title": h.title}),
+                HitFormat::Ids => json!(h.doc_id),
             })
             .collect();
         let ids = hits.into_iter().map(|h| h.doc_id).collect();
@@ -195,5 +229,16 @@ mod tests {
         assert!(t.call(&json!({"k": 1})).is_err());
         assert_eq!(t.schema()["function"]["name"], "s");
         assert_eq!(cut_words("a  b", 5), "a b");
+    }
+
+    #[test]
+    fn shorter_hit_formats() {
+        let t = SearchTool::new("s", "d", Arc::new(Fixed), 2, 5, 2).with_format(HitFormat::Ids);
+        let out = t.call(&json!({"query": "x"})).unwrap();
+        assert_eq!(out.content, r#"["d0","d1"]"#);
+        assert_eq!(crate::scripted::hit_ids(&out.content), vec!["d0", "d1"]);
+        let t = SearchTool::new("s", "d", Arc::new(Fixed), 1, 5, 2).with_format(HitFormat::Titles);
+        let out = t.call(&json!({"query": "x"})).unwrap();
+        assert_eq!(out.content, r#"[{"doc_id":"d0","title":"T"}]"#);
     }
 }

@@ -16,12 +16,24 @@ use crate::tool::{function_schema, Answer, Args, Tool, ToolError, ToolOutput};
 pub struct SubmitTool {
     final_k: usize,
     corpus: Option<Arc<Corpus>>,
+    hits: bool,
 }
 
 impl SubmitTool {
     /// `corpus`: when given, ids it does not contain are ignored.
     pub fn new(final_k: usize, corpus: Option<Arc<Corpus>>) -> SubmitTool {
-        SubmitTool { final_k, corpus }
+        SubmitTool {
+            final_k,
+            corpus,
+            hits: false,
+        }
+    }
+
+    /// Lists `hits` (ranks into the last search's results) in the schema; the environment
+    /// resolves them into `doc_ids` (`env.submit_hits`, see [`crate::shortcuts`]).
+    pub fn with_hits(mut self, hits: bool) -> SubmitTool {
+        self.hits = hits;
+        self
     }
 }
 
@@ -57,20 +69,26 @@ impl Tool for SubmitTool {
     }
 
     fn schema(&self) -> Value {
+        let mut properties = json!({
+            "doc_ids": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": format!("Document ids, most relevant first (at most {} are scored).", self.final_k),
+            }
+        });
+        let mut required = json!(["doc_ids"]);
+        if self.hits {
+            properties["hits"] = json!({
+                "type": "array",
+                "items": {"type": "integer"},
+                "description": "Instead of doc_ids: 1-based ranks in the last search's results, most relevant first.",
+            });
+            required = json!([]);
+        }
         function_schema(
             "submit",
             "Submit the final answer: the ids of the most relevant documents, best first. This ends the episode.",
-            json!({
-                "type": "object",
-                "properties": {
-                    "doc_ids": {
-                        "type": "array",
-                        "items": {"type": "string"},
-                        "description": format!("Document ids, most relevant first (at most {} are scored).", self.final_k),
-                    }
-                },
-                "required": ["doc_ids"]
-            }),
+            json!({"type": "object", "properties": properties, "required": required}),
         )
     }
 
