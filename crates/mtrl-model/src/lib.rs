@@ -25,15 +25,18 @@ pub mod chat_template;
 pub mod checkpoint;
 pub mod codec;
 pub mod config;
+mod cpu_alloc;
 pub mod engine;
 pub mod error;
 pub mod kv_cache;
 pub mod logprobs;
 pub mod policy;
 pub mod sampler;
+mod skinny;
 pub mod tokenizer;
 pub mod tokenizer_train;
 pub mod transformer;
+mod vexp;
 
 pub use chat_template::{ChatOptions, ChatTemplate};
 pub use codec::TemplateCodec;

@@ -59,15 +59,26 @@ fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
 fn lse_and_pick(z: &Tensor, targets: &[u32], inv_t: f32) -> Result<(Vec<f32>, Vec<f32>)> {
     let vocab = z.dim(1)?;
     with_f32(z, |z| {
-        let mut lse = Vec::with_capacity(targets.len());
-        let mut picked = Vec::with_capacity(targets.len());
-        for (row, &tg) in z.chunks_exact(vocab).zip(targets) {
+        // Row r: [lse, picked], filled in parallel.
+        let mut pairs = vec![0f32; 2 * targets.len()];
+        crate::skinny::par_rows_min(&mut pairs, 2, 64, |r, o| {
+            let row = &z[r * vocab..][..vocab];
             let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) * inv_t;
-            let sum: f32 = row.iter().map(|&x| (x * inv_t - m).exp()).sum();
+            let mut buf = [0f32; 1024];
+            let mut sum = 0f32;
+            for part in row.chunks(buf.len()) {
+                let b = &mut buf[..part.len()];
+                for (be, &x) in b.iter_mut().zip(part) {
+                    *be = x * inv_t - m;
+                }
+                sum += crate::vexp::exp_sum_inplace(b);
+            }
             let l = m + sum.ln();
-            lse.push(l);
-            picked.push(row[tg as usize] * inv_t - l);
-        }
+            o[0] = l;
+            o[1] = row[targets[r] as usize] * inv_t - l;
+        });
+        let lse = pairs.iter().step_by(2).copied().collect();
+        let picked = pairs.iter().skip(1).step_by(2).copied().collect();
         (lse, picked)
     })
 }
@@ -77,17 +88,16 @@ fn dlogits(z: &Tensor, lse: &[f32], targets: &[u32], g: &[f32], inv_t: f32) -> R
     let (n, vocab) = z.dims2()?;
     let dz = with_f32(z, |z| {
         let mut out = vec![0f32; n * vocab];
-        for (r, (row, o)) in z
-            .chunks_exact(vocab)
-            .zip(out.chunks_exact_mut(vocab))
-            .enumerate()
-        {
+        crate::skinny::par_rows(&mut out, vocab, |r, o| {
+            let row = &z[r * vocab..][..vocab];
             let (l, c) = (lse[r], -g[r] * inv_t);
             for (oe, &x) in o.iter_mut().zip(row) {
-                *oe = c * (x * inv_t - l).exp();
+                *oe = x * inv_t - l;
             }
+            crate::vexp::exp_sum_inplace(o);
+            o.iter_mut().for_each(|oe| *oe *= c);
             o[targets[r] as usize] += g[r] * inv_t;
-        }
+        });
         out
     })?;
     Ok(Tensor::from_vec(dz, (n, vocab), z.device())?)
@@ -154,11 +164,18 @@ pub fn token_logprobs(
     };
     let lm_head = model.lm_head().clone();
     let vocab = lm_head.dim(0)?;
-    let chunk_rows = (chunk_elems / vocab.max(1)).max(1);
     let hd = hidden.detach();
     let wd = lm_head.detach();
-    let mut values = vec![0f32; b * (t - 1)];
     let fast = fast_path(&wd);
+    // On the CPU a chunk's logits (and its `dL/dz`) stay below glibc's mmap threshold, so their
+    // buffers are reused from the heap instead of being faulted in afresh (see `cpu_alloc`).
+    let chunk_cap = if fast {
+        chunk_elems.min(crate::cpu_alloc::MAX_HEAP_BLOCK / 4 - 4096)
+    } else {
+        chunk_elems
+    };
+    let chunk_rows = (chunk_cap / vocab.max(1)).max(1);
+    let mut values = vec![0f32; b * (t - 1)];
     let inv_t = (1.0 / temperature) as f32;
     let mut chunks = Vec::new();
     let mut kept = 0usize;

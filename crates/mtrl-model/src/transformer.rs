@@ -11,8 +11,10 @@
 //! Two numerical paths share the weights: the inference path (`differentiable == false`) uses
 //! candle's fused CPU/CUDA kernels (RMSNorm, RoPE, softmax), which have no backward; the training
 //! path spells the same maths in elementary differentiable ops. Both are checked against the
-//! PyTorch goldens. GQA never materialises repeated keys: the query heads of one KV group are folded
-//! into the row dimension of one matmul.
+//! PyTorch goldens. On the CPU in f32, graph-free projections of at most `skinny::MAX_ROWS` rows
+//! (decode steps, short prefills) bypass candle's matmul (see `skinny`), and the hand-written
+//! kernels live in `fused` (with backward passes) and `decode_attn`. GQA never materialises
+//! repeated keys: the query heads of one KV group are folded into the row dimension of one matmul.
 
 use candle_core::{DType, Device, Module, Result, Tensor, D};
 
@@ -52,7 +54,15 @@ impl Module for Linear {
         let dims = x.dims().to_vec();
         let inp = dims[dims.len() - 1];
         let rows = x.elem_count() / inp;
-        let y = x.reshape((rows, inp))?.matmul(&self.w.t()?)?;
+        let y = if rows <= crate::skinny::MAX_ROWS
+            && fused_cpu(x)
+            && !x.track_op()
+            && !self.w.track_op()
+        {
+            skinny_linear(&x.reshape((rows, inp))?, &self.w)?
+        } else {
+            x.reshape((rows, inp))?.matmul(&self.w.t()?)?
+        };
         let y = match &self.b {
             Some(b) => y.broadcast_add(b)?,
             None => y,
@@ -62,6 +72,22 @@ impl Module for Linear {
         out[last] = self.w.dim(0)?;
         y.reshape(out)
     }
+}
+
+/// `x` `[m, k]` · `w` `[n, k]`ᵀ through [`crate::skinny`] (CPU, f32, no graph).
+fn skinny_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let (m, k) = x.dims2()?;
+    let n = w.dim(0)?;
+    let (x, w) = (x.contiguous()?, w.contiguous()?);
+    let mut out = vec![0f32; m * n];
+    {
+        let (xs, xl) = x.storage_and_layout();
+        let (ws, wl) = w.storage_and_layout();
+        let xs = &cpu_f32(&xs)?[xl.start_offset()..][..m * k];
+        let ws = &cpu_f32(&ws)?[wl.start_offset()..][..n * k];
+        crate::skinny::matmul_t(xs, ws, m, n, k, &mut out);
+    }
+    Tensor::from_vec(out, (m, n), x.device())
 }
 
 fn rms_norm(x: &Tensor, w: &Tensor, eps: f64, differentiable: bool) -> Result<Tensor> {
@@ -198,6 +224,9 @@ impl Transformer {
             cfg.num_key_value_heads,
             cfg.head_dim,
         );
+        if dev.is_cpu() {
+            crate::cpu_alloc::tune();
+        }
         let bias = cfg.attention_bias;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
@@ -336,9 +365,19 @@ impl Transformer {
 
     fn mlp(&self, l: &Layer, x: &Tensor) -> Result<Tensor> {
         let h = rms_norm(x, &l.post_ln, self.eps, self.differentiable)?;
-        let g = l.gate.forward(&h)?.silu()?;
+        let g = l.gate.forward(&h)?;
         let u = l.up.forward(&h)?;
-        x + l.down.forward(&(g * u)?)?
+        let a = if fused_cpu(&g) {
+            let (g, u) = (g.contiguous()?, u.contiguous()?);
+            if self.differentiable {
+                g.apply_op2(&u, fused::SwiGlu)?
+            } else {
+                g.apply_op2_no_bwd(&u, &fused::SwiGlu)?
+            }
+        } else {
+            (g.silu()? * u)?
+        };
+        x + l.down.forward(&a)?
     }
 
     /// Full forward over a padded batch, no cache. `ids`, `positions`: `[b, t]` u32;
@@ -521,398 +560,6 @@ fn cpu_f32(s: &candle_core::Storage) -> Result<&[f32]> {
     }
 }
 
-/// The decode attention of many sequences over their own caches (CPU, f32).
-/// `q`: `[n, heads, d]`; cache `i`: keys/values `[kv, cap_i, d]` with `lens[i]` valid positions.
-struct DecodeAttn<'a> {
-    q: &'a [f32],
-    caches: &'a [(&'a [f32], &'a [f32], usize)],
-    lens: &'a [usize],
-    heads: usize,
-    kv_heads: usize,
-    d: usize,
-    scale: f32,
-}
-
-impl DecodeAttn<'_> {
-    /// Writes `[n, heads, d]` into `out`; work units are (sequence, KV group) pairs.
-    fn run(&self, out: &mut [f32]) {
-        let units = self.lens.len() * self.kv_heads;
-        let work: usize = self.lens.iter().sum::<usize>() * self.heads * self.d;
-        let group = (self.heads / self.kv_heads) * self.d;
-        if work < (1 << 16) || candle_core::utils::get_num_threads() < 2 {
-            let mut scratch = Vec::new();
-            for (u, o) in out.chunks_exact_mut(group).enumerate() {
-                self.unit(u, o, &mut scratch);
-            }
-            return;
-        }
-        let out_ptr = out.as_mut_ptr() as usize;
-        candle_core::utils::barrier_pool().execute_chunked(units, |range| {
-            let mut scratch = Vec::new();
-            for u in range {
-                // SAFETY: unit `u` writes only `out[u * group..(u + 1) * group]`, disjoint across
-                // units, and `out` outlives the pool call.
-                let o = unsafe {
-                    std::slice::from_raw_parts_mut((out_ptr as *mut f32).add(u * group), group)
-                };
-                self.unit(u, o, &mut scratch);
-            }
-        });
-    }
-
-    fn unit(&self, u: usize, out: &mut [f32], scratch: &mut Vec<f32>) {
-        let (i, g) = (u / self.kv_heads, u % self.kv_heads);
-        let (k, v, cap) = self.caches[i];
-        let (d, len) = (self.d, self.lens[i]);
-        let rep = self.heads / self.kv_heads;
-        let q = &self.q[(i * self.heads + g * rep) * d..][..rep * d];
-        let k = &k[g * cap * d..][..len * d];
-        let v = &v[g * cap * d..][..len * d];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                // SAFETY: the CPU supports the features the function is compiled for.
-                unsafe { attend_group_avx2(q, k, v, d, self.scale, scratch, out) };
-                return;
-            }
-        }
-        attend_group(q, k, v, d, self.scale, scratch, out);
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn attend_group_avx2(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    d: usize,
-    scale: f32,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    attend_group(q, k, v, d, scale, scores, out)
-}
-
-/// Softmax attention of `rep` queries `q` `[rep, d]` over `len` keys/values `[len, d]`.
-#[inline(always)]
-fn attend_group(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    d: usize,
-    scale: f32,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    let rep = q.len() / d;
-    let len = k.len() / d;
-    scores.clear();
-    scores.resize(rep * len, 0.0);
-    for (s, ks) in k.chunks_exact(d).enumerate() {
-        for (r, qr) in q.chunks_exact(d).enumerate() {
-            scores[r * len + s] = dot(qr, ks) * scale;
-        }
-    }
-    for (row, o) in scores.chunks_exact_mut(len).zip(out.chunks_exact_mut(d)) {
-        let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f32;
-        for x in row.iter_mut() {
-            *x = (*x - m).exp();
-            sum += *x;
-        }
-        let inv = 1.0 / sum;
-        o.fill(0.0);
-        for (p, vs) in row.iter().zip(v.chunks_exact(d)) {
-            let p = p * inv;
-            for (oe, ve) in o.iter_mut().zip(vs) {
-                *oe += p * ve;
-            }
-        }
-    }
-}
-
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for j in 0..8 {
-            acc[j] += x[j] * y[j];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
-
-/// Hand-written CPU (f32) kernels with their backward passes, so that the training graph records
-/// one node (and one temporary) where the elementary spelling records five to ten.
-mod fused {
-    use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
-
-    fn slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
-        let Some((a, b)) = l.contiguous_offsets() else {
-            candle_core::bail!("fused kernels need contiguous inputs")
-        };
-        Ok(&s.as_slice::<f32>()?[a..b])
-    }
-
-    /// Reads contiguous f32 data of CPU tensors.
-    fn with2<R>(a: &Tensor, b: &Tensor, f: impl FnOnce(&[f32], &[f32]) -> R) -> Result<R> {
-        let (a, b) = (a.contiguous()?, b.contiguous()?);
-        let (sa, la) = a.storage_and_layout();
-        let (sb, lb) = b.storage_and_layout();
-        let (candle_core::Storage::Cpu(ca), candle_core::Storage::Cpu(cb)) = (&*sa, &*sb) else {
-            candle_core::bail!("fused kernels run on the CPU")
-        };
-        Ok(f(slice(ca, la)?, slice(cb, lb)?))
-    }
-
-    fn with3<R>(
-        a: &Tensor,
-        b: &Tensor,
-        c: &Tensor,
-        f: impl FnOnce(&[f32], &[f32], &[f32]) -> R,
-    ) -> Result<R> {
-        let c = c.contiguous()?;
-        let (sc, lc) = c.storage_and_layout();
-        let candle_core::Storage::Cpu(cc) = &*sc else {
-            candle_core::bail!("fused kernels run on the CPU")
-        };
-        let cs = slice(cc, lc)?;
-        with2(a, b, |a, b| f(a, b, cs))
-    }
-
-    /// Runs `f(row_index, out_row)` over the rows of `out` (`row_len` wide), on candle's worker
-    /// pool when there is enough work.
-    fn par_rows(out: &mut [f32], row_len: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
-        let rows = out.len() / row_len.max(1);
-        if out.len() < (1 << 15) || candle_core::utils::get_num_threads() < 2 {
-            for (r, o) in out.chunks_exact_mut(row_len).enumerate() {
-                f(r, o);
-            }
-            return;
-        }
-        let ptr = out.as_mut_ptr() as usize;
-        candle_core::utils::barrier_pool().execute_chunked(rows, |range| {
-            for r in range {
-                // SAFETY: rows are disjoint and `out` outlives the pool call.
-                let o = unsafe {
-                    std::slice::from_raw_parts_mut((ptr as *mut f32).add(r * row_len), row_len)
-                };
-                f(r, o);
-            }
-        });
-    }
-
-    fn new_vec(n: usize) -> Vec<f32> {
-        vec![0f32; n]
-    }
-
-    /// `softmax(scale · s + mask)` over the last dimension. `s`: `[b, kv, rows, n]`; `mask`:
-    /// `[b, 1, t, n]`, row `r` of `s` uses mask row `r % t`. No gradient flows to the mask.
-    pub(super) struct MaskedSoftmax {
-        pub scale: f32,
-    }
-
-    impl CustomOp2 for MaskedSoftmax {
-        fn name(&self) -> &'static str {
-            "mtrl-masked-softmax"
-        }
-
-        fn cpu_fwd(
-            &self,
-            s1: &CpuStorage,
-            l1: &Layout,
-            s2: &CpuStorage,
-            l2: &Layout,
-        ) -> Result<(CpuStorage, Shape)> {
-            let (s, m) = (slice(s1, l1)?, slice(s2, l2)?);
-            let (b, kv, rows, n) = l1.shape().dims4()?;
-            let (mb, _, t, mn) = l2.shape().dims4()?;
-            if mb != b || mn != n || t == 0 || rows % t != 0 {
-                candle_core::bail!(
-                    "masked softmax: scores {:?} vs mask {:?}",
-                    l1.dims(),
-                    l2.dims()
-                )
-            }
-            let mut out = new_vec(s.len());
-            let scale = self.scale;
-            par_rows(&mut out, n, |ri, o| {
-                let (bi, r) = (ri / (kv * rows), ri % rows);
-                let src = &s[ri * n..][..n];
-                let mrow = &m[(bi * t + r % t) * n..][..n];
-                let mut mx = f32::NEG_INFINITY;
-                for ((oe, &x), &mm) in o.iter_mut().zip(src).zip(mrow) {
-                    *oe = x * scale + mm;
-                    mx = mx.max(*oe);
-                }
-                let mut sum = 0f32;
-                for oe in o.iter_mut() {
-                    *oe = (*oe - mx).exp();
-                    sum += *oe;
-                }
-                let inv = 1.0 / sum;
-                o.iter_mut().for_each(|oe| *oe *= inv);
-            });
-            Ok((CpuStorage::F32(out), l1.shape().clone()))
-        }
-
-        fn bwd(
-            &self,
-            _s: &Tensor,
-            _m: &Tensor,
-            res: &Tensor,
-            grad: &Tensor,
-        ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-            let n = res.dim(candle_core::D::Minus1)?;
-            let scale = self.scale;
-            let ds = with2(res, grad, |p, g| {
-                let mut out = new_vec(p.len());
-                par_rows(&mut out, n, |ri, o| {
-                    let (p, g) = (&p[ri * n..][..n], &g[ri * n..][..n]);
-                    let dot: f32 = p.iter().zip(g).map(|(a, b)| a * b).sum();
-                    for ((oe, &pe), &ge) in o.iter_mut().zip(p).zip(g) {
-                        *oe = scale * pe * (ge - dot);
-                    }
-                });
-                out
-            })?;
-            Ok((Some(Tensor::from_vec(ds, res.shape(), res.device())?), None))
-        }
-    }
-
-    /// RMSNorm over the last dimension with weight `w`.
-    pub(super) struct RmsNorm {
-        pub eps: f32,
-    }
-
-    impl CustomOp2 for RmsNorm {
-        fn name(&self) -> &'static str {
-            "mtrl-rms-norm"
-        }
-
-        fn cpu_fwd(
-            &self,
-            s1: &CpuStorage,
-            l1: &Layout,
-            s2: &CpuStorage,
-            l2: &Layout,
-        ) -> Result<(CpuStorage, Shape)> {
-            let (x, w) = (slice(s1, l1)?, slice(s2, l2)?);
-            let d = w.len();
-            let mut out = new_vec(x.len());
-            let eps = self.eps;
-            par_rows(&mut out, d, |r, o| {
-                let x = &x[r * d..][..d];
-                let ms = x.iter().map(|v| v * v).sum::<f32>() / d as f32;
-                let inv = 1.0 / (ms + eps).sqrt();
-                for ((oe, &xe), &we) in o.iter_mut().zip(x).zip(w) {
-                    *oe = xe * inv * we;
-                }
-            });
-            Ok((CpuStorage::F32(out), l1.shape().clone()))
-        }
-
-        fn bwd(
-            &self,
-            x: &Tensor,
-            w: &Tensor,
-            _res: &Tensor,
-            grad: &Tensor,
-        ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-            let d = w.elem_count();
-            let eps = self.eps;
-            let (dx, dw) = with3(x, w, grad, |x, w, g| {
-                let mut dx = new_vec(x.len());
-                let mut dw = vec![0f32; d];
-                for ((x, g), o) in x
-                    .chunks_exact(d)
-                    .zip(g.chunks_exact(d))
-                    .zip(dx.chunks_exact_mut(d))
-                {
-                    let ms = x.iter().map(|v| v * v).sum::<f32>() / d as f32;
-                    let inv = 1.0 / (ms + eps).sqrt();
-                    // dot = Σ g·w·x̂ / d
-                    let mut dot = 0f32;
-                    for ((&xe, &ge), (&we, dwe)) in x.iter().zip(g).zip(w.iter().zip(dw.iter_mut()))
-                    {
-                        let xh = xe * inv;
-                        *dwe += ge * xh;
-                        dot += ge * we * xh;
-                    }
-                    let dot = dot / d as f32;
-                    for ((oe, &xe), (&ge, &we)) in o.iter_mut().zip(x).zip(g.iter().zip(w)) {
-                        *oe = inv * (ge * we - xe * inv * dot);
-                    }
-                }
-                (dx, dw)
-            })?;
-            Ok((
-                Some(Tensor::from_vec(dx, x.shape(), x.device())?),
-                Some(Tensor::from_vec(dw, w.shape(), w.device())?),
-            ))
-        }
-    }
-
-    /// Non-interleaved RoPE (`rotate_half`) of `x` `[b, h, t, d]` with `cos`/`sin` `[b, t, d/2]`;
-    /// `sign = -1` rotates backwards (the backward pass).
-    pub(super) struct Rope {
-        pub cos: Tensor,
-        pub sin: Tensor,
-        pub sign: f32,
-    }
-
-    impl CustomOp1 for Rope {
-        fn name(&self) -> &'static str {
-            "mtrl-rope"
-        }
-
-        fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout) -> Result<(CpuStorage, Shape)> {
-            let x = slice(s1, l1)?;
-            let (b, h, t, d) = l1.shape().dims4()?;
-            let half = d / 2;
-            let sign = self.sign;
-            let out = with2(&self.cos, &self.sin, |cos, sin| {
-                if cos.len() != b * t * half {
-                    return Err(candle_core::Error::Msg("rope: table shape".into()));
-                }
-                let mut out = new_vec(x.len());
-                par_rows(&mut out, t * d, |r, o| {
-                    let bi = r / h;
-                    let x = &x[r * t * d..][..t * d];
-                    for ti in 0..t {
-                        let c = &cos[(bi * t + ti) * half..][..half];
-                        let s = &sin[(bi * t + ti) * half..][..half];
-                        let (x1, x2) = x[ti * d..][..d].split_at(half);
-                        let (o1, o2) = o[ti * d..][..d].split_at_mut(half);
-                        for j in 0..half {
-                            let sj = sign * s[j];
-                            o1[j] = x1[j] * c[j] - x2[j] * sj;
-                            o2[j] = x2[j] * c[j] + x1[j] * sj;
-                        }
-                    }
-                });
-                Ok(out)
-            })??;
-            Ok((CpuStorage::F32(out), l1.shape().clone()))
-        }
-
-        fn bwd(&self, _x: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-            let back = Rope {
-                cos: self.cos.clone(),
-                sin: self.sin.clone(),
-                sign: -self.sign,
-            };
-            Ok(Some(grad.contiguous()?.apply_op1_no_bwd(&back)?))
-        }
-    }
-}
+mod decode_attn;
+mod fused;
+use decode_attn::DecodeAttn;

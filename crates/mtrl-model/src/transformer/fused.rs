@@ -1,0 +1,311 @@
+//! Hand-written CPU (f32) kernels with their backward passes, so that the training graph records
+//! one node (and one temporary) where the elementary spelling records five to ten: masked
+//! softmax, SwiGLU, RMSNorm and RoPE. Each is checked against the elementary spelling by the
+//! PyTorch goldens (values and gradients).
+
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
+
+use crate::skinny::par_rows;
+
+fn slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
+    let Some((a, b)) = l.contiguous_offsets() else {
+        candle_core::bail!("fused kernels need contiguous inputs")
+    };
+    Ok(&s.as_slice::<f32>()?[a..b])
+}
+
+/// Reads contiguous f32 data of CPU tensors.
+fn with2<R>(a: &Tensor, b: &Tensor, f: impl FnOnce(&[f32], &[f32]) -> R) -> Result<R> {
+    let (a, b) = (a.contiguous()?, b.contiguous()?);
+    let (sa, la) = a.storage_and_layout();
+    let (sb, lb) = b.storage_and_layout();
+    let (candle_core::Storage::Cpu(ca), candle_core::Storage::Cpu(cb)) = (&*sa, &*sb) else {
+        candle_core::bail!("fused kernels run on the CPU")
+    };
+    Ok(f(slice(ca, la)?, slice(cb, lb)?))
+}
+
+fn with3<R>(
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    f: impl FnOnce(&[f32], &[f32], &[f32]) -> R,
+) -> Result<R> {
+    let c = c.contiguous()?;
+    let (sc, lc) = c.storage_and_layout();
+    let candle_core::Storage::Cpu(cc) = &*sc else {
+        candle_core::bail!("fused kernels run on the CPU")
+    };
+    let cs = slice(cc, lc)?;
+    with2(a, b, |a, b| f(a, b, cs))
+}
+
+fn new_vec(n: usize) -> Vec<f32> {
+    vec![0f32; n]
+}
+
+/// `softmax(scale · s + mask)` over the last dimension. `s`: `[b, kv, rows, n]`; `mask`:
+/// `[b, 1, t, n]`, row `r` of `s` uses mask row `r % t`. No gradient flows to the mask.
+pub(crate) struct MaskedSoftmax {
+    pub scale: f32,
+}
+
+impl CustomOp2 for MaskedSoftmax {
+    fn name(&self) -> &'static str {
+        "mtrl-masked-softmax"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (s, m) = (slice(s1, l1)?, slice(s2, l2)?);
+        let (b, kv, rows, n) = l1.shape().dims4()?;
+        let (mb, _, t, mn) = l2.shape().dims4()?;
+        if mb != b || mn != n || t == 0 || rows % t != 0 {
+            candle_core::bail!(
+                "masked softmax: scores {:?} vs mask {:?}",
+                l1.dims(),
+                l2.dims()
+            )
+        }
+        let mut out = new_vec(s.len());
+        let scale = self.scale;
+        par_rows(&mut out, n, |ri, o| {
+            let (bi, r) = (ri / (kv * rows), ri % rows);
+            let src = &s[ri * n..][..n];
+            let mrow = &m[(bi * t + r % t) * n..][..n];
+            let mut mx = f32::NEG_INFINITY;
+            for ((oe, &x), &mm) in o.iter_mut().zip(src).zip(mrow) {
+                *oe = x * scale + mm;
+                mx = mx.max(*oe);
+            }
+            o.iter_mut().for_each(|oe| *oe -= mx);
+            let inv = 1.0 / crate::vexp::exp_sum_inplace(o);
+            o.iter_mut().for_each(|oe| *oe *= inv);
+        });
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _s: &Tensor,
+        _m: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let n = res.dim(candle_core::D::Minus1)?;
+        let scale = self.scale;
+        let ds = with2(res, grad, |p, g| {
+            let mut out = new_vec(p.len());
+            par_rows(&mut out, n, |ri, o| {
+                let (p, g) = (&p[ri * n..][..n], &g[ri * n..][..n]);
+                let dot: f32 = p.iter().zip(g).map(|(a, b)| a * b).sum();
+                for ((oe, &pe), &ge) in o.iter_mut().zip(p).zip(g) {
+                    *oe = scale * pe * (ge - dot);
+                }
+            });
+            out
+        })?;
+        Ok((Some(Tensor::from_vec(ds, res.shape(), res.device())?), None))
+    }
+}
+
+/// SwiGLU `silu(g) · u`, elementwise over same-shaped `g`, `u`; `silu(x) = x / (1 + e^(-x))`.
+pub(crate) struct SwiGlu;
+
+impl CustomOp2 for SwiGlu {
+    fn name(&self) -> &'static str {
+        "mtrl-swiglu"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (g, u) = (slice(s1, l1)?, slice(s2, l2)?);
+        if l1.dims() != l2.dims() {
+            candle_core::bail!("swiglu: {:?} vs {:?}", l1.dims(), l2.dims())
+        }
+        let n = l1.dims().last().copied().unwrap_or(1).max(1);
+        let mut out = new_vec(g.len());
+        par_rows(&mut out, n, |r, o| {
+            let (g, u) = (&g[r * n..][..n], &u[r * n..][..n]);
+            for (oe, &ge) in o.iter_mut().zip(g) {
+                *oe = -ge;
+            }
+            crate::vexp::exp_sum_inplace(o);
+            for ((oe, &ge), &ue) in o.iter_mut().zip(g).zip(u) {
+                *oe = ge / (1.0 + *oe) * ue;
+            }
+        });
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        g: &Tensor,
+        u: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let n = g.dims().last().copied().unwrap_or(1).max(1);
+        let (dg, du) = with3(g, u, grad, |g, u, d| {
+            let mut dg = new_vec(g.len());
+            let mut du = new_vec(g.len());
+            let du_ptr = du.as_mut_ptr() as usize;
+            par_rows(&mut dg, n, |r, o| {
+                // SAFETY: row `r` of `du` is written only here; `du` outlives the call.
+                let du =
+                    unsafe { std::slice::from_raw_parts_mut((du_ptr as *mut f32).add(r * n), n) };
+                let (g, u, d) = (&g[r * n..][..n], &u[r * n..][..n], &d[r * n..][..n]);
+                for (de, &ge) in du.iter_mut().zip(g) {
+                    *de = -ge;
+                }
+                crate::vexp::exp_sum_inplace(du);
+                for i in 0..n {
+                    let s = 1.0 / (1.0 + du[i]);
+                    let silu = g[i] * s;
+                    du[i] = d[i] * silu;
+                    o[i] = d[i] * u[i] * (s + silu * (1.0 - s));
+                }
+            });
+            (dg, du)
+        })?;
+        Ok((
+            Some(Tensor::from_vec(dg, g.shape(), g.device())?),
+            Some(Tensor::from_vec(du, u.shape(), u.device())?),
+        ))
+    }
+}
+
+/// RMSNorm over the last dimension with weight `w`.
+pub(crate) struct RmsNorm {
+    pub eps: f32,
+}
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "mtrl-rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (x, w) = (slice(s1, l1)?, slice(s2, l2)?);
+        let d = w.len();
+        let mut out = new_vec(x.len());
+        let eps = self.eps;
+        par_rows(&mut out, d, |r, o| {
+            let x = &x[r * d..][..d];
+            let ms = x.iter().map(|v| v * v).sum::<f32>() / d as f32;
+            let inv = 1.0 / (ms + eps).sqrt();
+            for ((oe, &xe), &we) in o.iter_mut().zip(x).zip(w) {
+                *oe = xe * inv * we;
+            }
+        });
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let d = w.elem_count();
+        let eps = self.eps;
+        let (dx, dw) = with3(x, w, grad, |x, w, g| {
+            let mut dx = new_vec(x.len());
+            let mut dw = vec![0f32; d];
+            for ((x, g), o) in x
+                .chunks_exact(d)
+                .zip(g.chunks_exact(d))
+                .zip(dx.chunks_exact_mut(d))
+            {
+                let ms = x.iter().map(|v| v * v).sum::<f32>() / d as f32;
+                let inv = 1.0 / (ms + eps).sqrt();
+                // dot = Σ g·w·x̂ / d
+                let mut dot = 0f32;
+                for ((&xe, &ge), (&we, dwe)) in x.iter().zip(g).zip(w.iter().zip(dw.iter_mut())) {
+                    let xh = xe * inv;
+                    *dwe += ge * xh;
+                    dot += ge * we * xh;
+                }
+                let dot = dot / d as f32;
+                for ((oe, &xe), (&ge, &we)) in o.iter_mut().zip(x).zip(g.iter().zip(w)) {
+                    *oe = inv * (ge * we - xe * inv * dot);
+                }
+            }
+            (dx, dw)
+        })?;
+        Ok((
+            Some(Tensor::from_vec(dx, x.shape(), x.device())?),
+            Some(Tensor::from_vec(dw, w.shape(), w.device())?),
+        ))
+    }
+}
+
+/// Non-interleaved RoPE (`rotate_half`) of `x` `[b, h, t, d]` with `cos`/`sin` `[b, t, d/2]`;
+/// `sign = -1` rotates backwards (the backward pass).
+pub(crate) struct Rope {
+    pub cos: Tensor,
+    pub sin: Tensor,
+    pub sign: f32,
+}
+
+impl CustomOp1 for Rope {
+    fn name(&self) -> &'static str {
+        "mtrl-rope"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = slice(s1, l1)?;
+        let (b, h, t, d) = l1.shape().dims4()?;
+        let half = d / 2;
+        let sign = self.sign;
+        let out = with2(&self.cos, &self.sin, |cos, sin| {
+            if cos.len() != b * t * half {
+                return Err(candle_core::Error::Msg("rope: table shape".into()));
+            }
+            let mut out = new_vec(x.len());
+            par_rows(&mut out, t * d, |r, o| {
+                let bi = r / h;
+                let x = &x[r * t * d..][..t * d];
+                for ti in 0..t {
+                    let c = &cos[(bi * t + ti) * half..][..half];
+                    let s = &sin[(bi * t + ti) * half..][..half];
+                    let (x1, x2) = x[ti * d..][..d].split_at(half);
+                    let (o1, o2) = o[ti * d..][..d].split_at_mut(half);
+                    for j in 0..half {
+                        let sj = sign * s[j];
+                        o1[j] = x1[j] * c[j] - x2[j] * sj;
+                        o2[j] = x2[j] * c[j] + x1[j] * sj;
+                    }
+                }
+            });
+            Ok(out)
+        })??;
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+
+    fn bwd(&self, _x: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let back = Rope {
+            cos: self.cos.clone(),
+            sin: self.sin.clone(),
+            sign: -self.sign,
+        };
+        Ok(Some(grad.contiguous()?.apply_op1_no_bwd(&back)?))
+    }
+}
