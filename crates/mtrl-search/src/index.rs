@@ -197,10 +197,13 @@ impl SearchIndex {
             };
 
         // HNSW graph.
-        let graph_key = format!(
+        let mut graph_key = format!(
             "{emb_key};m={};ef_construction={};hnsw_rs=0.3",
             cfg.vector.m, cfg.vector.ef_construction
         );
+        if !cfg.vector.parallel_build {
+            graph_key.push_str(";build=sequential");
+        }
         let graph_dir = dir.join("graph");
         let t = Instant::now();
         let open_graph = || {
@@ -222,7 +225,13 @@ impl SearchIndex {
             Err(reason) => {
                 progress.start("hnsw graph", 1);
                 let files = build_part(dir, "graph", |tmp| {
-                    vector::build_graph(tmp, &embeddings, cfg.vector.m, cfg.vector.ef_construction)
+                    vector::build_graph(
+                        tmp,
+                        &embeddings,
+                        cfg.vector.m,
+                        cfg.vector.ef_construction,
+                        cfg.vector.parallel_build,
+                    )
                 })?;
                 progress.finish();
                 record(dir, &mut manifest, "graph", graph_key, files)?;

@@ -157,8 +157,16 @@ impl Embeddings {
     }
 }
 
-/// Builds the HNSW graph for `emb` and dumps it into `dir`.
-pub fn build_graph(dir: &Path, emb: &Embeddings, m: usize, ef_construction: usize) -> Result<()> {
+/// Builds the HNSW graph for `emb` and dumps it into `dir`. `parallel`: insert from many threads
+/// (the graph then depends on thread timing); else in row order, the same graph every time
+/// (hnsw_rs seeds its level generator).
+pub fn build_graph(
+    dir: &Path,
+    emb: &Embeddings,
+    m: usize,
+    ef_construction: usize,
+    parallel: bool,
+) -> Result<()> {
     let hnsw: CosineHnsw = Hnsw::new(
         m,
         emb.len().max(1),
@@ -168,7 +176,13 @@ pub fn build_graph(dir: &Path, emb: &Embeddings, m: usize, ef_construction: usiz
     );
     let rows: Vec<Vec<f32>> = (0..emb.len()).map(|i| emb.row(i).to_vec()).collect();
     let with_ids: Vec<(&Vec<f32>, usize)> = rows.iter().zip(0..).collect();
-    hnsw.parallel_insert(&with_ids);
+    if parallel {
+        hnsw.parallel_insert(&with_ids);
+    } else {
+        for (row, id) in &with_ids {
+            hnsw.insert((row.as_slice(), *id));
+        }
+    }
     hnsw.file_dump(dir, HNSW_BASENAME)
         .map_err(|e| SearchError::VectorIndex {
             path: dir.to_path_buf(),
@@ -323,7 +337,7 @@ mod tests {
         let emb: Arc<dyn Embedder> = Arc::new(HashEmbedder::new(64));
         let e = Embeddings::compute(&c, emb.as_ref(), 16, &mut |_| {}).unwrap();
         assert_eq!(e.len(), 200);
-        build_graph(dir.path(), &e, 16, 100).unwrap();
+        build_graph(dir.path(), &e, 16, 100, true).unwrap();
         let idx = VectorIndex::open(dir.path(), c.clone(), emb.clone(), 64, 80).unwrap();
         // A document's own text finds itself first.
         let hits = idx.search(&c.get(37).unwrap().text, 5).unwrap();
@@ -341,6 +355,28 @@ mod tests {
     }
 
     #[test]
+    fn a_sequential_build_gives_the_same_graph_every_time() {
+        let c = corpus(300);
+        let emb = HashEmbedder::new(32);
+        let e = Embeddings::compute(&c, &emb, 16, &mut |_| {}).unwrap();
+        let dump = || {
+            let dir = tempfile::tempdir().unwrap();
+            build_graph(dir.path(), &e, 8, 50, false).unwrap();
+            let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|f| f.unwrap().path())
+                .map(|p| (p.display().to_string(), std::fs::read(&p).unwrap()))
+                .map(|(n, b)| (n.rsplit('/').next().unwrap().to_string(), b))
+                .collect();
+            files.sort();
+            files
+        };
+        let (a, b) = (dump(), dump());
+        assert!(!a.is_empty());
+        assert_eq!(a, b);
+    }
+
+    #[test]
     fn open_rejects_missing_or_mismatched_graph() {
         let dir = tempfile::tempdir().unwrap();
         let emb: Arc<dyn Embedder> = Arc::new(HashEmbedder::new(16));
@@ -349,7 +385,7 @@ mod tests {
             .unwrap();
         assert!(err.to_string().contains("cannot load graph"), "{err}");
         let e = Embeddings::compute(&corpus(5), emb.as_ref(), 4, &mut |_| {}).unwrap();
-        build_graph(dir.path(), &e, 8, 20).unwrap();
+        build_graph(dir.path(), &e, 8, 20, true).unwrap();
         let err = VectorIndex::open(dir.path(), corpus(6), emb, 10, 10)
             .err()
             .unwrap();

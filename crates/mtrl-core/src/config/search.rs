@@ -10,6 +10,7 @@
 //! [search.columns]  id = "doc_id"  title = "title"  text = "text"
 //! [search.bm25]     stopwords = "english"    # "none" or a list of words
 //! [search.vector]   m = 16  ef_construction = 200  ef_search = 128  hash_dim = 384
+//!                   parallel_build = true   # false: one thread, the same graph on every build
 //! [search.eval]     queries = "../data/cranfield/queries.tsv"  qrels = "../data/cranfield/qrels.trec"
 //! ```
 
@@ -62,6 +63,7 @@ pub struct VectorSpec {
     pub m: Option<usize>,
     pub ef_construction: Option<usize>,
     pub ef_search: Option<usize>,
+    pub parallel_build: Option<bool>,
     pub hash_dim: Option<usize>,
     pub max_seq_len: Option<usize>,
     pub batch_size: Option<usize>,
@@ -122,6 +124,9 @@ pub struct VectorConfig {
     pub m: usize,
     pub ef_construction: usize,
     pub ef_search: usize,
+    /// Insert into the HNSW graph from many threads (fast; the graph, and so vector results,
+    /// can differ between builds). `false`: one thread, the same graph every time.
+    pub parallel_build: bool,
     /// Longest embedder input in tokens (longer text is truncated).
     pub max_seq_len: usize,
     /// Texts per embedder forward pass while indexing.
@@ -185,6 +190,7 @@ impl SearchSpec {
                 1,
                 10_000,
             )?,
+            parallel_build: v.parallel_build.unwrap_or(true),
             max_seq_len: ctx.range(
                 "search.vector.max_seq_len",
                 v.max_seq_len.unwrap_or(256),
