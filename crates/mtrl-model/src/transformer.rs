@@ -332,33 +332,31 @@ impl Transformer {
     fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
         let (b, _, t, d) = q.dims4()?;
         let s = k.dim(2)?;
+        if let Some(m) = mask.filter(|_| fused_cpu(q)) {
+            let op = attn::MaskedAttention::new(
+                (1.0 / (d as f64).sqrt()) as f32,
+                m.contiguous()?,
+                self.differentiable,
+            );
+            let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+            return if self.differentiable {
+                q.apply_op3(&k, &v, op)
+            } else {
+                q.apply_op3_no_bwd(&k, &v, &op)
+            };
+        }
         let rep = self.heads / self.kv_heads;
         let q = q.contiguous()?.reshape((b, self.kv_heads, rep * t, d))?;
         let scale = 1.0 / (d as f64).sqrt();
-        let p = match mask {
-            Some(m) if fused_cpu(&q) => {
-                let op = fused::MaskedSoftmax {
-                    scale: scale as f32,
-                };
-                let (scores, m) = (q.matmul(&k.t()?)?, m.contiguous()?);
-                if self.differentiable {
-                    scores.apply_op2(&m, op)?
-                } else {
-                    scores.apply_op2_no_bwd(&m, &op)?
-                }
-            }
-            _ => {
-                let scores = (q.matmul(&k.t()?)? * scale)?;
-                let scores = match mask {
-                    Some(m) => scores
-                        .reshape((b, self.kv_heads, rep, t, s))?
-                        .broadcast_add(&m.unsqueeze(1)?)?
-                        .reshape((b, self.kv_heads, rep * t, s))?,
-                    None => scores,
-                };
-                softmax(&scores, self.differentiable)?
-            }
+        let scores = (q.matmul(&k.t()?)? * scale)?;
+        let scores = match mask {
+            Some(m) => scores
+                .reshape((b, self.kv_heads, rep, t, s))?
+                .broadcast_add(&m.unsqueeze(1)?)?
+                .reshape((b, self.kv_heads, rep * t, s))?,
+            None => scores,
         };
+        let p = softmax(&scores, self.differentiable)?;
         let out = p.matmul(v)?.reshape((b, self.heads, t, d))?;
         out.transpose(1, 2)?.reshape((b, t, self.heads * d))
     }
@@ -560,6 +558,9 @@ fn cpu_f32(s: &candle_core::Storage) -> Result<&[f32]> {
     }
 }
 
+mod attn;
+#[cfg(test)]
+mod attn_tests;
 mod decode_attn;
 mod fused;
 use decode_attn::DecodeAttn;

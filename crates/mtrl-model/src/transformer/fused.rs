@@ -1,13 +1,13 @@
 //! Hand-written CPU (f32) kernels with their backward passes, so that the training graph records
-//! one node (and one temporary) where the elementary spelling records five to ten: masked
-//! softmax, SwiGLU, RMSNorm and RoPE. Each is checked against the elementary spelling by the
-//! PyTorch goldens (values and gradients).
+//! one node (and one temporary) where the elementary spelling records five to ten: SwiGLU,
+//! RMSNorm and RoPE (the fused attention is in `attn`). Each is checked against the elementary
+//! spelling by the PyTorch goldens (values and gradients).
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 
 use crate::skinny::par_rows;
 
-fn slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
+pub(super) fn slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
     let Some((a, b)) = l.contiguous_offsets() else {
         candle_core::bail!("fused kernels need contiguous inputs")
     };
@@ -42,76 +42,6 @@ fn with3<R>(
 
 fn new_vec(n: usize) -> Vec<f32> {
     vec![0f32; n]
-}
-
-/// `softmax(scale · s + mask)` over the last dimension. `s`: `[b, kv, rows, n]`; `mask`:
-/// `[b, 1, t, n]`, row `r` of `s` uses mask row `r % t`. No gradient flows to the mask.
-pub(crate) struct MaskedSoftmax {
-    pub scale: f32,
-}
-
-impl CustomOp2 for MaskedSoftmax {
-    fn name(&self) -> &'static str {
-        "mtrl-masked-softmax"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let (s, m) = (slice(s1, l1)?, slice(s2, l2)?);
-        let (b, kv, rows, n) = l1.shape().dims4()?;
-        let (mb, _, t, mn) = l2.shape().dims4()?;
-        if mb != b || mn != n || t == 0 || rows % t != 0 {
-            candle_core::bail!(
-                "masked softmax: scores {:?} vs mask {:?}",
-                l1.dims(),
-                l2.dims()
-            )
-        }
-        let mut out = new_vec(s.len());
-        let scale = self.scale;
-        par_rows(&mut out, n, |ri, o| {
-            let (bi, r) = (ri / (kv * rows), ri % rows);
-            let src = &s[ri * n..][..n];
-            let mrow = &m[(bi * t + r % t) * n..][..n];
-            let mut mx = f32::NEG_INFINITY;
-            for ((oe, &x), &mm) in o.iter_mut().zip(src).zip(mrow) {
-                *oe = x * scale + mm;
-                mx = mx.max(*oe);
-            }
-            o.iter_mut().for_each(|oe| *oe -= mx);
-            let inv = 1.0 / crate::vexp::exp_sum_inplace(o);
-            o.iter_mut().for_each(|oe| *oe *= inv);
-        });
-        Ok((CpuStorage::F32(out), l1.shape().clone()))
-    }
-
-    fn bwd(
-        &self,
-        _s: &Tensor,
-        _m: &Tensor,
-        res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let n = res.dim(candle_core::D::Minus1)?;
-        let scale = self.scale;
-        let ds = with2(res, grad, |p, g| {
-            let mut out = new_vec(p.len());
-            par_rows(&mut out, n, |ri, o| {
-                let (p, g) = (&p[ri * n..][..n], &g[ri * n..][..n]);
-                let dot: f32 = p.iter().zip(g).map(|(a, b)| a * b).sum();
-                for ((oe, &pe), &ge) in o.iter_mut().zip(p).zip(g) {
-                    *oe = scale * pe * (ge - dot);
-                }
-            });
-            out
-        })?;
-        Ok((Some(Tensor::from_vec(ds, res.shape(), res.device())?), None))
-    }
 }
 
 /// SwiGLU `silu(g) · u`, elementwise over same-shaped `g`, `u`; `silu(x) = x / (1 + e^(-x))`.
