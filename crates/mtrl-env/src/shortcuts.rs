@@ -42,7 +42,7 @@ pub fn resolve(
         let last = earlier
             .iter()
             .rev()
-            .find(|c| c.error.is_none() && c.name != tool.name() && c.name != "error")
+            .find(|c| c.error.is_none() && c.name != tool.name())
             .ok_or("`hits` refers to the results of a search, and there was none yet")?;
         let mut ids = Vec::with_capacity(ranks.len());
         for r in ranks {
