@@ -60,6 +60,18 @@ impl Module for Linear {
             && !self.w.track_op()
         {
             skinny_linear(&x.reshape((rows, inp))?, &self.w)?
+        } else if fused_cpu(x) && self.w.dtype() == DType::F32 {
+            // One graph node, no reshapes: the op keeps the leading dims.
+            let (x, w) = (x.contiguous()?, self.w.contiguous()?);
+            let y = if x.track_op() || w.track_op() {
+                x.apply_op2(&w, fused::Linear)?
+            } else {
+                x.apply_op2_no_bwd(&w, &fused::Linear)?
+            };
+            return match &self.b {
+                Some(b) => y.broadcast_add(b),
+                None => Ok(y),
+            };
         } else {
             x.reshape((rows, inp))?.matmul(&self.w.t()?)?
         };
@@ -563,4 +575,5 @@ mod attn;
 mod attn_tests;
 mod decode_attn;
 mod fused;
+mod mm;
 use decode_attn::DecodeAttn;

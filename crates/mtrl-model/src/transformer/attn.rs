@@ -30,12 +30,9 @@ pub(crate) struct MaskedAttention {
 }
 
 struct Saved {
-    /// Probabilities of the admitted spans, row after row in `[b, heads, t]` order.
+    /// Probability blocks (see [`Blocks`]), zero outside each row's admitted span.
     p: Vec<f32>,
-    /// Per `[b, heads, t]` row: offset into `p`.
-    off: Vec<usize>,
-    /// Per `[b, t]` query: admitted key span `lo..hi`.
-    span: Vec<(usize, usize)>,
+    blocks: Blocks,
 }
 
 impl MaskedAttention {
@@ -63,78 +60,6 @@ fn spans(m: &[f32], rows: usize, s: usize) -> Vec<(usize, usize)> {
             }
         })
         .collect()
-}
-
-/// `[n, d]` → `[d, n]`.
-fn transpose(x: &[f32], n: usize, d: usize) -> Vec<f32> {
-    let mut out = vec![0f32; n * d];
-    for (j, row) in x.chunks_exact(d).enumerate() {
-        for (dd, &v) in row.iter().enumerate() {
-            out[dd * n + j] = v;
-        }
-    }
-    out
-}
-
-#[inline(always)]
-fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-    for (ye, &xe) in y.iter_mut().zip(x) {
-        *ye += a * xe;
-    }
-}
-
-/// `out[j] = Σ_c a[c] · xt[c·stride + j]`: a row of `a · xt` with `xt` transposed (`[a.len(),
-/// stride]`), eight outputs held in registers while `c` runs (summed in the order of `c`).
-#[inline(always)]
-fn gemv_t(out: &mut [f32], a: &[f32], xt: &[f32], stride: usize) {
-    let n = out.len();
-    let mut chunks = out.chunks_exact_mut(8);
-    for (jb, o) in (&mut chunks).enumerate() {
-        let mut acc = [0f32; 8];
-        for (c, &ac) in a.iter().enumerate() {
-            let x: &[f32; 8] = xt[c * stride + jb * 8..][..8]
-                .try_into()
-                .unwrap_or(&[0.0; 8]);
-            for (e, &xe) in acc.iter_mut().zip(x) {
-                *e += ac * xe;
-            }
-        }
-        o.copy_from_slice(&acc);
-    }
-    let done = n - chunks.into_remainder().len();
-    for j in done..n {
-        let mut acc = 0f32;
-        for (c, &ac) in a.iter().enumerate() {
-            acc += ac * xt[c * stride + j];
-        }
-        out[j] = acc;
-    }
-}
-
-/// `out[c] = Σ_j w[j] · x[j·d + c]` (`d = out.len()`, `x` row-major): eight columns at a time held
-/// in registers while `j` runs.
-#[inline(always)]
-fn gemv_n(out: &mut [f32], w: &[f32], x: &[f32]) {
-    let d = out.len();
-    let mut chunks = out.chunks_exact_mut(8);
-    for (cb, o) in (&mut chunks).enumerate() {
-        let mut acc = [0f32; 8];
-        for (j, &wj) in w.iter().enumerate() {
-            let xr: &[f32; 8] = x[j * d + cb * 8..][..8].try_into().unwrap_or(&[0.0; 8]);
-            for (e, &xe) in acc.iter_mut().zip(xr) {
-                *e += wj * xe;
-            }
-        }
-        o.copy_from_slice(&acc);
-    }
-    let done = d - chunks.into_remainder().len();
-    for c in done..d {
-        let mut acc = 0f32;
-        for (j, &wj) in w.iter().enumerate() {
-            acc += wj * x[j * d + c];
-        }
-        out[c] = acc;
-    }
 }
 
 /// Largest element (8 lanes, so that it vectorises; no NaN handling needed here).
@@ -204,74 +129,124 @@ fn par_units(n: usize, f: impl Fn(usize) + Sync) {
     }
 }
 
+/// Query rows per block: a block's scores cover the union of its rows' key spans, so a causal
+/// `[t, t]` product computes about `(1 + t / BLOCK) / 2` of the square.
+const BLOCK: usize = 64;
+
+/// Key-span union of each `(sequence, row block)`, and the offsets of the saved probability blocks.
+struct Blocks {
+    nblk: usize,
+    /// Per `(bi, blk)`: key span `lo..hi` of the block.
+    span: Vec<(usize, usize)>,
+    /// Per `(bi, head, blk)`: offset of the `[rows, hi - lo]` probability block in the saved buffer.
+    off: Vec<usize>,
+    total: usize,
+}
+
+impl Blocks {
+    fn new(rows: &[(usize, usize)], b: usize, heads: usize, t: usize) -> Self {
+        let nblk = t.div_ceil(BLOCK);
+        let mut span = Vec::with_capacity(b * nblk);
+        for bi in 0..b {
+            for blk in 0..nblk {
+                let r = &rows[bi * t + blk * BLOCK..bi * t + ((blk + 1) * BLOCK).min(t)];
+                let lo = r.iter().map(|x| x.0).min().unwrap_or(0);
+                let hi = r.iter().map(|x| x.1).max().unwrap_or(0);
+                span.push((lo, hi.max(lo)));
+            }
+        }
+        let mut off = Vec::with_capacity(b * heads * nblk);
+        let mut total = 0;
+        for bi in 0..b {
+            for _ in 0..heads {
+                for blk in 0..nblk {
+                    off.push(total);
+                    let (lo, hi) = span[bi * nblk + blk];
+                    total += (((blk + 1) * BLOCK).min(t) - blk * BLOCK) * (hi - lo);
+                }
+            }
+        }
+        Self {
+            nblk,
+            span,
+            off,
+            total,
+        }
+    }
+}
+
 struct Fwd<'a> {
     q: &'a [f32],
     k: &'a [f32],
     v: &'a [f32],
     m: &'a [f32],
     span: &'a [(usize, usize)],
-    off: &'a [usize],
+    blocks: &'a Blocks,
     dims: Dims,
     scale: f32,
 }
 
 impl Fwd<'_> {
     /// Unit `(bi, g)`: the heads of KV group `g` of sequence `bi`. Writes `out[bi, :, head]` and
-    /// the unit's rows of `p` (when saving).
-    #[inline(always)]
-    fn unit(&self, u: usize, out: Out, p: Option<Out>) {
+    /// the unit's probability blocks (into `p` when saving, else into a scratch buffer).
+    fn run(&self, u: usize, out: Out, p: Option<Out>) {
         let Dims {
             heads, kv, t, s, d, ..
         } = self.dims;
         let (bi, g) = (u / kv, u % kv);
         let rep = heads / kv;
-        let kt = transpose(&self.k[u * s * d..][..s * d], s, d);
-        let vr = &self.v[u * s * d..][..s * d];
-        let mut sc = vec![0f32; s];
+        let (kr, vr) = (&self.k[u * s * d..][..s * d], &self.v[u * s * d..][..s * d]);
+        let nblk = self.blocks.nblk;
+        let mut scratch = if p.is_none() {
+            vec![0f32; BLOCK.min(t) * s]
+        } else {
+            Vec::new()
+        };
         for hh in g * rep..(g + 1) * rep {
-            for i in 0..t {
-                let (lo, hi) = self.span[bi * t + i];
-                let n = hi - lo;
-                let sc = &mut sc[..n];
-                let q = &self.q[((bi * heads + hh) * t + i) * d..][..d];
-                gemv_t(sc, q, &kt[lo..], s);
-                let mrow = &self.m[(bi * t + i) * s + lo..][..n];
-                for (x, &mm) in sc.iter_mut().zip(mrow) {
-                    *x = *x * self.scale + mm;
-                }
-                let mx = max(sc);
-                sc.iter_mut().for_each(|x| *x -= mx);
-                let inv = 1.0 / crate::vexp::exp_sum_inplace(sc);
-                sc.iter_mut().for_each(|x| *x *= inv);
-                // SAFETY: `out[bi, i, hh·d..]` and row `(bi, hh, i)` of `p` belong to this unit
-                // only; the buffers outlive the pool call.
+            for blk in 0..nblk {
+                let (i0, i1) = (blk * BLOCK, ((blk + 1) * BLOCK).min(t));
+                let (lo, hi) = self.blocks.span[bi * nblk + blk];
+                let (nb, w) = (i1 - i0, hi - lo);
+                // SAFETY: the block of `p` at this offset belongs to this unit only.
+                let pb: &mut [f32] = match p {
+                    Some(p) => unsafe {
+                        let o = self.blocks.off[(bi * heads + hh) * nblk + blk];
+                        std::slice::from_raw_parts_mut(p.0.add(o), nb * w)
+                    },
+                    None => &mut scratch[..nb * w],
+                };
+                let qb = &self.q[((bi * heads + hh) * t + i0) * d..][..nb * d];
+                // SAFETY: the views cover `qb` (`[nb, d]`), keys `lo..hi` and `pb` (`[nb, w]`).
                 unsafe {
-                    let o = out.0.add((bi * t + i) * heads * d + hh * d);
-                    gemv_n(std::slice::from_raw_parts_mut(o, d), sc, &vr[lo * d..]);
-                    if let Some(p) = p {
-                        let dst = p.0.add(self.off[(bi * heads + hh) * t + i]);
-                        std::ptr::copy_nonoverlapping(sc.as_ptr(), dst, n);
+                    let kt = super::mm::View::rows_t(kr[lo * d..].as_ptr(), d);
+                    let qv = super::mm::View::rows(qb.as_ptr(), d);
+                    super::mm::gemm(nb, w, d, pb.as_mut_ptr(), w, false, qv, kt);
+                }
+                for (r, row) in pb.chunks_exact_mut(w.max(1)).take(nb).enumerate() {
+                    let i = i0 + r;
+                    let (rlo, rhi) = self.span[bi * t + i];
+                    let (a, bb) = (rlo - lo, rhi - lo);
+                    row[..a].fill(0.0);
+                    row[bb..].fill(0.0);
+                    let sc = &mut row[a..bb];
+                    let mrow = &self.m[(bi * t + i) * s + rlo..][..rhi - rlo];
+                    for (x, &mm) in sc.iter_mut().zip(mrow) {
+                        *x = *x * self.scale + mm;
                     }
+                    let mx = max(sc);
+                    sc.iter_mut().for_each(|x| *x -= mx);
+                    let inv = 1.0 / crate::vexp::exp_sum_inplace(sc);
+                    sc.iter_mut().for_each(|x| *x *= inv);
+                }
+                // SAFETY: `out[bi, i0..i1, hh·d..]` belongs to this unit only.
+                unsafe {
+                    let o = out.0.add((bi * t + i0) * heads * d + hh * d);
+                    let pv = super::mm::View::rows(pb.as_ptr(), w);
+                    let vv = super::mm::View::rows(vr[lo * d..].as_ptr(), d);
+                    super::mm::gemm(nb, d, w, o, heads * d, false, pv, vv);
                 }
             }
         }
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn unit_avx2(&self, u: usize, out: Out, p: Option<Out>) {
-        self.unit(u, out, p)
-    }
-
-    fn run(&self, u: usize, out: Out, p: Option<Out>) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if crate::skinny::avx2() {
-                // SAFETY: the CPU supports the features the function is compiled for.
-                return unsafe { self.unit_avx2(u, out, p) };
-            }
-        }
-        self.unit(u, out, p)
     }
 }
 
@@ -286,72 +261,81 @@ struct Bwd<'a> {
 }
 
 impl Bwd<'_> {
-    /// Unit `(bi, g)`: writes `dq[bi, heads of g]`, `dk[bi, g]`, `dv[bi, g]`.
-    #[inline(always)]
-    fn unit(&self, u: usize, dq: Out, dk: Out, dv: Out) {
+    /// Unit `(bi, g)`: writes `dq[bi, heads of g]`, `dk[bi, g]`, `dv[bi, g]` (`dk`, `dv` zeroed).
+    fn run(&self, u: usize, dq: Out, dk: Out, dv: Out) {
+        use super::mm::{gemm, View};
         let Dims {
             heads, kv, t, s, d, ..
         } = self.dims;
         let (bi, g) = (u / kv, u % kv);
         let rep = heads / kv;
-        let kr = &self.k[u * s * d..][..s * d];
-        let vt = transpose(&self.v[u * s * d..][..s * d], s, d);
-        let mut dkt = vec![0f32; d * s];
-        let mut dvt = vec![0f32; d * s];
-        let mut dp = vec![0f32; s];
+        let (kr, vr) = (&self.k[u * s * d..][..s * d], &self.v[u * s * d..][..s * d]);
+        let blocks = &self.saved.blocks;
+        let nblk = blocks.nblk;
+        let mut ds = vec![0f32; BLOCK.min(t) * s];
         for hh in g * rep..(g + 1) * rep {
-            for i in 0..t {
-                let (lo, hi) = self.saved.span[bi * t + i];
-                let n = hi - lo;
-                let p = &self.saved.p[self.saved.off[(bi * heads + hh) * t + i]..][..n];
-                let go = &self.g[(bi * t + i) * heads * d + hh * d..][..d];
-                let dp = &mut dp[..n];
-                gemv_t(dp, go, &vt[lo..], s);
-                for (dd, &gd) in go.iter().enumerate() {
-                    axpy(&mut dvt[dd * s + lo..][..n], gd, p);
+            for blk in 0..nblk {
+                let (i0, i1) = (blk * BLOCK, ((blk + 1) * BLOCK).min(t));
+                let (lo, hi) = blocks.span[bi * nblk + blk];
+                let (nb, w) = (i1 - i0, hi - lo);
+                let off = blocks.off[(bi * heads + hh) * nblk + blk];
+                let p = &self.saved.p[off..][..nb * w];
+                let go = self.g[((bi * t + i0) * heads + hh) * d..].as_ptr();
+                let qb = &self.q[((bi * heads + hh) * t + i0) * d..][..nb * d];
+                let ds = &mut ds[..nb * w];
+                // SAFETY: every view stays inside its buffer; the `dk`/`dv` rows `lo..hi` of
+                // block `(bi, g)` and the `dq` rows of head `hh` belong to this unit only.
+                unsafe {
+                    let dvb = dv.0.add((u * s + lo) * d);
+                    // dV += Pᵀ · dO
+                    gemm(
+                        w,
+                        d,
+                        nb,
+                        dvb,
+                        d,
+                        true,
+                        View::rows_t(p.as_ptr(), w),
+                        View::rows(go, heads * d),
+                    );
+                    // dP = dO · Vᵀ
+                    let vt = View::rows_t(vr[lo * d..].as_ptr(), d);
+                    gemm(
+                        nb,
+                        w,
+                        d,
+                        ds.as_mut_ptr(),
+                        w,
+                        false,
+                        View::rows(go, heads * d),
+                        vt,
+                    );
                 }
-                let c = dot(p, dp);
-                for (x, &pe) in dp.iter_mut().zip(p) {
-                    *x = self.scale * pe * (*x - c);
+                for (dsr, pr) in ds.chunks_exact_mut(w.max(1)).zip(p.chunks_exact(w.max(1))) {
+                    let c = dot(pr, dsr);
+                    for (x, &pe) in dsr.iter_mut().zip(pr) {
+                        *x = self.scale * pe * (*x - c);
+                    }
                 }
-                let q = &self.q[((bi * heads + hh) * t + i) * d..][..d];
-                // SAFETY: row `(bi, hh, i)` of `dq` belongs to this unit only.
-                let dqr = unsafe {
-                    std::slice::from_raw_parts_mut(dq.0.add(((bi * heads + hh) * t + i) * d), d)
-                };
-                gemv_n(dqr, dp, &kr[lo * d..]);
-                for (dd, &qd) in q.iter().enumerate() {
-                    axpy(&mut dkt[dd * s + lo..][..n], qd, dp);
+                // SAFETY: as above.
+                unsafe {
+                    let dqb = dq.0.add(((bi * heads + hh) * t + i0) * d);
+                    let kv_ = View::rows(kr[lo * d..].as_ptr(), d);
+                    gemm(nb, d, w, dqb, d, false, View::rows(ds.as_ptr(), w), kv_);
+                    let dkb = dk.0.add((u * s + lo) * d);
+                    gemm(
+                        w,
+                        d,
+                        nb,
+                        dkb,
+                        d,
+                        true,
+                        View::rows_t(ds.as_ptr(), w),
+                        View::rows(qb.as_ptr(), d),
+                    );
                 }
             }
         }
-        // SAFETY: block `(bi, g)` of `dk`/`dv` belongs to this unit only.
-        unsafe {
-            let (dk, dv) = (dk.0.add(u * s * d), dv.0.add(u * s * d));
-            for j in 0..s {
-                for dd in 0..d {
-                    *dk.add(j * d + dd) = dkt[dd * s + j];
-                    *dv.add(j * d + dd) = dvt[dd * s + j];
-                }
-            }
-        }
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn unit_avx2(&self, u: usize, dq: Out, dk: Out, dv: Out) {
-        self.unit(u, dq, dk, dv)
-    }
-
-    fn run(&self, u: usize, dq: Out, dk: Out, dv: Out) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if crate::skinny::avx2() {
-                // SAFETY: the CPU supports the features the function is compiled for.
-                return unsafe { self.unit_avx2(u, dq, dk, dv) };
-            }
-        }
-        self.unit(u, dq, dk, dv)
     }
 }
 
@@ -413,28 +397,16 @@ impl CustomOp3 for MaskedAttention {
         let dm = dims(l1, l2, l3, ml)?;
         let Dims { b, heads, t, d, .. } = dm;
         let span = spans(m, b * t, dm.s);
-        let mut off = Vec::with_capacity(b * heads * t);
-        let mut total = 0;
-        if self.save {
-            for bi in 0..b {
-                for _ in 0..heads {
-                    for i in 0..t {
-                        off.push(total);
-                        let (lo, hi) = span[bi * t + i];
-                        total += hi - lo;
-                    }
-                }
-            }
-        }
+        let blocks = Blocks::new(&span, b, heads, t);
         let mut out = vec![0f32; b * t * heads * d];
-        let mut p = vec![0f32; total];
+        let mut p = vec![0f32; if self.save { blocks.total } else { 0 }];
         let fwd = Fwd {
             q,
             k,
             v,
             m,
             span: &span,
-            off: &off,
+            blocks: &blocks,
             dims: dm,
             scale: self.scale,
         };
@@ -442,7 +414,7 @@ impl CustomOp3 for MaskedAttention {
         let save = self.save;
         par_units(b * dm.kv, |u| fwd.run(u, o, save.then_some(pp)));
         if save {
-            *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some(Saved { p, off, span });
+            *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some(Saved { p, blocks });
         }
         Ok((CpuStorage::F32(out), Shape::from((b, t, heads * d))))
     }

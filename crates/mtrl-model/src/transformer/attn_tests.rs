@@ -35,12 +35,22 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
 
 #[test]
 fn matches_matmul_spelling_with_padding() {
+    check(21, 8);
+}
+
+/// More query rows than one block (`attn::BLOCK`), so blocks with different key spans meet.
+#[test]
+fn matches_matmul_spelling_across_row_blocks() {
+    check(150, 16);
+}
+
+fn check(t: usize, d: usize) {
     let dev = Device::Cpu;
-    let (b, h, kv, t, d) = (3, 4, 2, 21, 8);
-    // Sequence 0 left-padded by 5, 1 right-padded after 13, 2 unpadded; causal.
+    let (b, h, kv) = (3, 4, 2);
+    // Sequence 0 left-padded by 5, 1 right-padded after 2t/3, 2 unpadded; causal.
     let valid = |bi: usize, j: usize| match bi {
         0 => j >= 5,
-        1 => j < 13,
+        1 => j < t * 2 / 3,
         _ => true,
     };
     let mut m = vec![0f32; b * t * t];

@@ -5,6 +5,8 @@
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 
+use super::mm::{gemm_par, uninit, View};
+
 use crate::skinny::par_rows;
 
 pub(super) fn slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
@@ -42,6 +44,87 @@ fn with3<R>(
 
 fn new_vec(n: usize) -> Vec<f32> {
     vec![0f32; n]
+}
+
+/// `x · wᵀ` for `x` `[.., k]` and `w` `[n, k]` (a linear layer without bias) as one graph node:
+/// the matmul spelling records reshape, transpose and matmul nodes, each of which costs a zeroed
+/// gradient buffer and an add in the backward, and zero-fills its output before the product.
+pub(crate) struct Linear;
+
+impl CustomOp2 for Linear {
+    fn name(&self) -> &'static str {
+        "mtrl-linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (x, w) = (slice(s1, l1)?, slice(s2, l2)?);
+        let (n, k) = l2.shape().dims2()?;
+        if l1.dims().last() != Some(&k) {
+            candle_core::bail!("linear: input {:?} for weight {:?}", l1.dims(), l2.dims())
+        }
+        let m = x.len() / k.max(1);
+        let mut out = uninit(m * n);
+        // SAFETY: `x` is `[m, k]`, `w` `[n, k]` (read transposed), `out` `[m, n]`.
+        unsafe {
+            let (xv, wt) = (View::rows(x.as_ptr(), k), View::rows_t(w.as_ptr(), k));
+            gemm_par(m, n, k, out.as_mut_ptr(), n, false, xv, wt);
+        }
+        let mut dims = l1.dims().to_vec();
+        if let Some(last) = dims.last_mut() {
+            *last = n;
+        }
+        Ok((CpuStorage::F32(out), Shape::from(dims)))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (n, k) = w.dims2()?;
+        let (dx, dw) = with3(x, w, grad, |x, w, g| {
+            let m = x.len() / k.max(1);
+            let (mut dx, mut dw) = (uninit(m * k), uninit(n * k));
+            // SAFETY: `g` is `[m, n]`, `w` `[n, k]`, `x` `[m, k]`; `dx` `[m, k]`, `dw` `[n, k]`.
+            unsafe {
+                let gv = View::rows(g.as_ptr(), n);
+                gemm_par(
+                    m,
+                    k,
+                    n,
+                    dx.as_mut_ptr(),
+                    k,
+                    false,
+                    gv,
+                    View::rows(w.as_ptr(), k),
+                );
+                let gt = View::rows_t(g.as_ptr(), n);
+                gemm_par(
+                    n,
+                    k,
+                    m,
+                    dw.as_mut_ptr(),
+                    k,
+                    false,
+                    gt,
+                    View::rows(x.as_ptr(), k),
+                );
+            }
+            (dx, dw)
+        })?;
+        Ok((
+            Some(Tensor::from_vec(dx, x.shape(), x.device())?),
+            Some(Tensor::from_vec(dw, w.shape(), w.device())?),
+        ))
+    }
 }
 
 /// SwiGLU `silu(g) · u`, elementwise over same-shaped `g`, `u`; `silu(x) = x / (1 + e^(-x))`.
