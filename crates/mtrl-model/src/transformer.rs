@@ -375,6 +375,13 @@ impl Transformer {
 
     fn mlp(&self, l: &Layer, x: &Tensor) -> Result<Tensor> {
         let h = rms_norm(x, &l.post_ln, self.eps, self.differentiable)?;
+        if self.differentiable && fused_cpu(&h) && l.gate.w.dtype() == DType::F32 {
+            // Training on the CPU: one product with the concatenated gate/up weights.
+            let w = Tensor::cat(&[&l.gate.w, &l.up.w], 0)?;
+            let gu = h.contiguous()?.apply_op2(&w, fused::Linear)?;
+            let a = gu.apply_op1(fused::SwiGluPacked)?;
+            return x + l.down.forward(&a)?;
+        }
         let g = l.gate.forward(&h)?;
         let u = l.up.forward(&h)?;
         let a = if fused_cpu(&g) {

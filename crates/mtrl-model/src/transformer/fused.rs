@@ -198,6 +198,67 @@ impl CustomOp2 for SwiGlu {
     }
 }
 
+/// SwiGLU of a packed gate/up projection: row `[g (n) | u (n)]` of `[.., 2n]` → `silu(g) · u`
+/// `[.., n]`. The training graph multiplies by the concatenated gate and up weights once (one
+/// larger product, one node) instead of twice.
+pub(crate) struct SwiGluPacked;
+
+impl CustomOp1 for SwiGluPacked {
+    fn name(&self) -> &'static str {
+        "mtrl-swiglu-packed"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout) -> Result<(CpuStorage, Shape)> {
+        let gu = slice(s1, l1)?;
+        let n2 = l1.dims().last().copied().unwrap_or(0);
+        if n2 % 2 != 0 || n2 == 0 {
+            candle_core::bail!("swiglu: packed width {n2} is not even")
+        }
+        let n = n2 / 2;
+        let mut out = uninit(gu.len() / 2);
+        par_rows(&mut out, n, |r, o| {
+            let (g, u) = gu[r * n2..][..n2].split_at(n);
+            for (oe, &ge) in o.iter_mut().zip(g) {
+                *oe = -ge;
+            }
+            crate::vexp::exp_sum_inplace(o);
+            for ((oe, &ge), &ue) in o.iter_mut().zip(g).zip(u) {
+                *oe = ge / (1.0 + *oe) * ue;
+            }
+        });
+        let mut dims = l1.dims().to_vec();
+        if let Some(last) = dims.last_mut() {
+            *last = n;
+        }
+        Ok((CpuStorage::F32(out), Shape::from(dims)))
+    }
+
+    fn bwd(&self, gu: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let n2 = gu.dims().last().copied().unwrap_or(0);
+        let n = n2 / 2;
+        let dgu = with2(gu, grad, |gu, d| {
+            let mut dgu = uninit(gu.len());
+            par_rows(&mut dgu, n2, |r, o| {
+                let (g, u) = gu[r * n2..][..n2].split_at(n);
+                let d = &d[r * n..][..n];
+                let (dg, du) = o.split_at_mut(n);
+                for (de, &ge) in du.iter_mut().zip(g) {
+                    *de = -ge;
+                }
+                crate::vexp::exp_sum_inplace(du);
+                for i in 0..n {
+                    let s = 1.0 / (1.0 + du[i]);
+                    let silu = g[i] * s;
+                    du[i] = d[i] * silu;
+                    dg[i] = d[i] * u[i] * (s + silu * (1.0 - s));
+                }
+            });
+            dgu
+        })?;
+        Ok(Some(Tensor::from_vec(dgu, gu.shape(), gu.device())?))
+    }
+}
+
 /// RMSNorm over the last dimension with weight `w`.
 pub(crate) struct RmsNorm {
     pub eps: f32,
