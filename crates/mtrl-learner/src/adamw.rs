@@ -119,6 +119,25 @@ impl AdamW {
                 }
                 None => var.as_tensor().to_dtype(DType::F32)?,
             };
+            if var.dtype() == DType::F32 {
+                let k = crate::adamw_cpu::Coeffs {
+                    b1: c.beta1 as f32,
+                    omb1: (1.0 - c.beta1) as f32,
+                    b2: c.beta2 as f32,
+                    omb2: (1.0 - c.beta2) as f32,
+                    decay: (1.0 - lr * c.weight_decay) as f32,
+                    inv_bc2: (1.0 / bc2_sqrt) as f32,
+                    eps: c.eps as f32,
+                    step: (lr / bc1) as f32,
+                };
+                let (mo, vo) = (self.m.get(name), self.v.get(name));
+                if let Some((p, m, v)) = crate::adamw_cpu::update(&p, &g, mo, vo, k) {
+                    var.set(&p)?;
+                    self.m.insert(name.clone(), m);
+                    self.v.insert(name.clone(), v);
+                    continue;
+                }
+            }
             let m = match self.m.get(name) {
                 Some(m) => ((m * c.beta1)? + (&g * (1.0 - c.beta1))?)?,
                 None => (&g * (1.0 - c.beta1))?,

@@ -7,6 +7,7 @@
 //! bits), which exact resume relies on.
 
 pub mod adamw;
+mod adamw_cpu;
 pub mod batch;
 pub mod checkpoint;
 pub mod clip;
