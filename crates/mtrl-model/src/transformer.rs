@@ -16,117 +16,13 @@
 //! kernels live in `fused` (with backward passes) and `decode_attn`. GQA never materialises
 //! repeated keys: the query heads of one KV group are folded into the row dimension of one matmul.
 
-use candle_core::{DType, Device, Module, Result, Tensor, D};
+use candle_core::{DType, Device, Module, Result, Tensor};
 
 use crate::config::{Config, Family};
 use crate::kv_cache::KvCache;
 
 /// Weight lookup used while building the model: `(HF name, expected shape)` → tensor.
 pub type WeightFn<'a> = dyn Fn(&str, &[usize]) -> crate::error::Result<Tensor> + 'a;
-
-#[derive(Debug, Clone)]
-struct Linear {
-    w: Tensor,
-    b: Option<Tensor>,
-}
-
-impl Linear {
-    fn load(
-        get: &WeightFn,
-        name: &str,
-        out: usize,
-        inp: usize,
-        bias: bool,
-    ) -> crate::error::Result<Self> {
-        Ok(Self {
-            w: get(&format!("{name}.weight"), &[out, inp])?,
-            b: if bias {
-                Some(get(&format!("{name}.bias"), &[out])?)
-            } else {
-                None
-            },
-        })
-    }
-}
-
-impl Module for Linear {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let dims = x.dims().to_vec();
-        let inp = dims[dims.len() - 1];
-        let rows = x.elem_count() / inp;
-        let y = if rows <= crate::skinny::MAX_ROWS
-            && fused_cpu(x)
-            && !x.track_op()
-            && !self.w.track_op()
-        {
-            skinny_linear(&x.reshape((rows, inp))?, &self.w)?
-        } else if fused_cpu(x) && self.w.dtype() == DType::F32 {
-            // One graph node, no reshapes: the op keeps the leading dims.
-            let (x, w) = (x.contiguous()?, self.w.contiguous()?);
-            let y = if x.track_op() || w.track_op() {
-                x.apply_op2(&w, fused::Linear)?
-            } else {
-                x.apply_op2_no_bwd(&w, &fused::Linear)?
-            };
-            return match &self.b {
-                Some(b) => y.broadcast_add(b),
-                None => Ok(y),
-            };
-        } else {
-            x.reshape((rows, inp))?.matmul(&self.w.t()?)?
-        };
-        let y = match &self.b {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
-        };
-        let mut out = dims;
-        let last = out.len() - 1;
-        out[last] = self.w.dim(0)?;
-        y.reshape(out)
-    }
-}
-
-/// `x` `[m, k]` · `w` `[n, k]`ᵀ through [`crate::skinny`] (CPU, f32, no graph).
-fn skinny_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    let (m, k) = x.dims2()?;
-    let n = w.dim(0)?;
-    let (x, w) = (x.contiguous()?, w.contiguous()?);
-    let mut out = vec![0f32; m * n];
-    {
-        let (xs, xl) = x.storage_and_layout();
-        let (ws, wl) = w.storage_and_layout();
-        let xs = &cpu_f32(&xs)?[xl.start_offset()..][..m * k];
-        let ws = &cpu_f32(&ws)?[wl.start_offset()..][..n * k];
-        crate::skinny::matmul_t(xs, ws, m, n, k, &mut out);
-    }
-    Tensor::from_vec(out, (m, n), x.device())
-}
-
-fn rms_norm(x: &Tensor, w: &Tensor, eps: f64, differentiable: bool) -> Result<Tensor> {
-    if !differentiable {
-        return candle_nn::ops::rms_norm(&x.contiguous()?, w, eps as f32);
-    }
-    if fused_cpu(x) {
-        return x
-            .contiguous()?
-            .apply_op2(w, fused::RmsNorm { eps: eps as f32 });
-    }
-    let dtype = x.dtype();
-    let x = x.to_dtype(DType::F32)?;
-    let var = x.sqr()?.mean_keepdim(D::Minus1)?;
-    let normed = x.broadcast_div(&(var + eps)?.sqrt()?)?;
-    normed.to_dtype(dtype)?.broadcast_mul(w)
-}
-
-/// Softmax over the last dimension; the max is detached (it cancels in the gradient).
-fn softmax(x: &Tensor, differentiable: bool) -> Result<Tensor> {
-    if !differentiable {
-        return candle_nn::ops::softmax_last_dim(&x.contiguous()?);
-    }
-    let m = x.max_keepdim(D::Minus1)?.detach();
-    let e = x.broadcast_sub(&m)?.exp()?;
-    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
-}
 
 #[derive(Debug, Clone)]
 struct Layer {
@@ -141,68 +37,6 @@ struct Layer {
     gate: Linear,
     up: Linear,
     down: Linear,
-}
-
-/// RoPE tables, `[max_positions, head_dim / 2]`.
-#[derive(Debug, Clone)]
-struct Rope {
-    cos: Tensor,
-    sin: Tensor,
-}
-
-impl Rope {
-    fn new(cfg: &Config, dtype: DType, dev: &Device) -> Result<Self> {
-        let half = cfg.head_dim / 2;
-        // As transformers: inv_freq in f32, angle = f32(pos) * inv_freq in f32, then cos/sin.
-        let inv: Vec<f32> = (0..half)
-            .map(|i| (1.0 / cfg.rope_theta.powf((2 * i) as f64 / cfg.head_dim as f64)) as f32)
-            .collect();
-        let n = cfg.max_position_embeddings;
-        let mut cos = Vec::with_capacity(n * half);
-        let mut sin = Vec::with_capacity(n * half);
-        for p in 0..n {
-            for f in &inv {
-                let a = (p as f32 * f) as f64;
-                cos.push(a.cos() as f32);
-                sin.push(a.sin() as f32);
-            }
-        }
-        Ok(Self {
-            cos: Tensor::from_vec(cos, (n, half), dev)?.to_dtype(dtype)?,
-            sin: Tensor::from_vec(sin, (n, half), dev)?.to_dtype(dtype)?,
-        })
-    }
-
-    /// cos/sin for flat positions, shaped `[b, t, head_dim/2]`.
-    fn gather(&self, positions: &Tensor) -> Result<(Tensor, Tensor)> {
-        let (b, t) = positions.dims2()?;
-        let flat = positions.flatten_all()?;
-        let cos = self.cos.index_select(&flat, 0)?;
-        let half = cos.dim(1)?;
-        let sin = self.sin.index_select(&flat, 0)?;
-        Ok((cos.reshape((b, t, half))?, sin.reshape((b, t, half))?))
-    }
-}
-
-/// `x`: `[b, h, t, d]`; `cos`/`sin`: `[b, t, d/2]`.
-fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor, differentiable: bool) -> Result<Tensor> {
-    if !differentiable {
-        return candle_nn::rotary_emb::rope(&x.contiguous()?, cos, sin);
-    }
-    if fused_cpu(x) {
-        return x.contiguous()?.apply_op1(fused::Rope {
-            cos: cos.contiguous()?,
-            sin: sin.contiguous()?,
-            sign: 1.0,
-        });
-    }
-    let d = x.dim(D::Minus1)?;
-    let cos = Tensor::cat(&[cos, cos], D::Minus1)?.unsqueeze(1)?;
-    let sin = Tensor::cat(&[sin, sin], D::Minus1)?.unsqueeze(1)?;
-    let x1 = x.narrow(D::Minus1, 0, d / 2)?;
-    let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
-    let rot = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
-    x.broadcast_mul(&cos)? + rot.broadcast_mul(&sin)?
 }
 
 /// The decoder with its weights. Cheap to clone (tensors are reference counted).
@@ -409,14 +243,65 @@ impl Transformer {
         let (b, t) = ids.dims2()?;
         let mut x = self.embed_ids(ids)?;
         let mask = causal_mask(b, t, attention_mask, x.dtype(), x.device())?;
+        let packed = self.differentiable
+            && fused_cpu(&x)
+            && self.embed.dtype() == DType::F32
+            && self.head_dim.is_multiple_of(2)
+            && self.head_dim <= packed::MAX_HEAD_DIM;
         for l in &self.layers {
             let h = rms_norm(&x, &l.input_ln, self.eps, self.differentiable)?;
-            let (q, k, v) = self.qkv(l, &h, positions)?;
-            let a = self.attend(&q, &k, &v, Some(&mask))?;
+            let a = if packed {
+                self.attend_packed(l, &h, positions, &mask)?
+            } else {
+                let (q, k, v) = self.qkv(l, &h, positions)?;
+                self.attend(&q, &k, &v, Some(&mask))?
+            };
             x = (x + l.o.forward(&a)?)?;
             x = self.mlp(l, &x)?;
         }
         rms_norm(&x, &self.norm, self.eps, self.differentiable)
+    }
+
+    /// The training path's attention on the CPU in f32 (see `packed`): one product with the
+    /// concatenated q/k/v weights, one node for norms + RoPE + head-major layout, one for attention.
+    fn attend_packed(
+        &self,
+        l: &Layer,
+        h: &Tensor,
+        positions: &Tensor,
+        mask: &Tensor,
+    ) -> Result<Tensor> {
+        let w = Tensor::cat(&[&l.q.w, &l.k.w, &l.v.w], 0)?;
+        let mut qkv = h.contiguous()?.apply_op2(&w, fused::Linear)?;
+        if let (Some(qb), Some(kb), Some(vb)) = (&l.q.b, &l.k.b, &l.v.b) {
+            qkv = qkv.broadcast_add(&Tensor::cat(&[qb, kb, vb], 0)?)?;
+        }
+        let d = self.head_dim;
+        let norms = match (&l.q_norm, &l.k_norm) {
+            (Some(a), Some(b)) => Some(Tensor::cat(&[a, b], 0)?),
+            _ => None,
+        };
+        let (cos, sin) = self.rope.gather(positions)?;
+        let prep = packed::QkvPrep {
+            heads: self.heads,
+            kv: self.kv_heads,
+            d,
+            eps: self.eps as f32,
+            norm: norms.is_some(),
+            cos: cos.contiguous()?,
+            sin: sin.contiguous()?,
+        };
+        let norms = match norms {
+            Some(n) => n,
+            None => Tensor::ones(2 * d, DType::F32, h.device())?,
+        };
+        let p = qkv.contiguous()?.apply_op2(&norms, prep)?;
+        let scale = (1.0 / (d as f64).sqrt()) as f32;
+        p.apply_op1(packed::PackedAttention {
+            heads: self.heads,
+            kv: self.kv_heads,
+            inner: attn::MaskedAttention::new(scale, mask.contiguous()?, true),
+        })
     }
 
     /// Runs `ids` (`[1, t]`) of one sequence through the model, appending to its `cache`;
@@ -580,7 +465,11 @@ fn cpu_f32(s: &candle_core::Storage) -> Result<&[f32]> {
 mod attn;
 #[cfg(test)]
 mod attn_tests;
+mod attn_util;
 mod decode_attn;
 mod fused;
 mod mm;
+mod ops;
+mod packed;
 use decode_attn::DecodeAttn;
+use ops::{apply_rope, rms_norm, softmax, Linear, Rope};

@@ -16,8 +16,11 @@ use std::sync::Mutex;
 
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 
+use super::attn_util::{dot, max, par_units, spans, Blocks, BLOCK};
+pub(super) use super::attn_util::{Dims, Out};
+
 /// Mask entries at or below this are "no attention" (the decoder writes -1e30).
-const MASKED: f32 = -1.0e29;
+pub(super) const MASKED: f32 = -1.0e29;
 
 /// `softmax(scale · q·kᵀ + mask) · v` for `q` `[b, heads, t, d]`, `k`, `v` `[b, kv, s, d]`,
 /// additive `mask` `[b, 1, t, s]` (no gradient); output `[b, t, heads · d]`.
@@ -46,135 +49,6 @@ impl MaskedAttention {
     }
 }
 
-/// Key span `lo..hi` admitted by each mask row (`[b, 1, t, s]`); all keys when none is.
-fn spans(m: &[f32], rows: usize, s: usize) -> Vec<(usize, usize)> {
-    (0..rows)
-        .map(|r| {
-            let row = &m[r * s..][..s];
-            match row.iter().position(|&x| x > MASKED) {
-                Some(lo) => (
-                    lo,
-                    s - row.iter().rev().position(|&x| x > MASKED).unwrap_or(0),
-                ),
-                None => (0, s),
-            }
-        })
-        .collect()
-}
-
-/// Largest element (8 lanes, so that it vectorises; no NaN handling needed here).
-#[inline(always)]
-fn max(x: &[f32]) -> f32 {
-    let mut acc = [f32::NEG_INFINITY; 8];
-    let chunks = x.chunks_exact(8);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for l in 0..8 {
-            acc[l] = if c[l] > acc[l] { c[l] } else { acc[l] };
-        }
-    }
-    let mut m = f32::NEG_INFINITY;
-    for &v in acc.iter().chain(rest) {
-        m = if v > m { v } else { m };
-    }
-    m
-}
-
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let mut acc = [0f32; 16];
-    let (ac, bc) = (a[..n].chunks_exact(16), b[..n].chunks_exact(16));
-    let (ar, br) = (ac.remainder(), bc.remainder());
-    for (x, y) in ac.zip(bc) {
-        for l in 0..16 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    let mut h = [0f32; 8];
-    for l in 0..8 {
-        h[l] = acc[l] + acc[l + 8];
-    }
-    let mut s = ((h[0] + h[4]) + (h[1] + h[5])) + ((h[2] + h[6]) + (h[3] + h[7]));
-    for (x, y) in ar.iter().zip(br) {
-        s += x * y;
-    }
-    s
-}
-
-/// Shapes of one call.
-#[derive(Clone, Copy)]
-struct Dims {
-    b: usize,
-    heads: usize,
-    kv: usize,
-    t: usize,
-    s: usize,
-    d: usize,
-}
-
-/// Raw output pointer shared by work units that write disjoint elements.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-// SAFETY: units write disjoint elements (see each use).
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
-
-/// Runs `f(unit)` for units `0..n` on candle's worker pool.
-fn par_units(n: usize, f: impl Fn(usize) + Sync) {
-    if crate::skinny::num_threads() < 2 {
-        (0..n).for_each(f);
-    } else {
-        candle_core::utils::barrier_pool().execute_chunked(n, |r| r.for_each(&f));
-    }
-}
-
-/// Query rows per block: a block's scores cover the union of its rows' key spans, so a causal
-/// `[t, t]` product computes about `(1 + t / BLOCK) / 2` of the square.
-const BLOCK: usize = 64;
-
-/// Key-span union of each `(sequence, row block)`, and the offsets of the saved probability blocks.
-struct Blocks {
-    nblk: usize,
-    /// Per `(bi, blk)`: key span `lo..hi` of the block.
-    span: Vec<(usize, usize)>,
-    /// Per `(bi, head, blk)`: offset of the `[rows, hi - lo]` probability block in the saved buffer.
-    off: Vec<usize>,
-    total: usize,
-}
-
-impl Blocks {
-    fn new(rows: &[(usize, usize)], b: usize, heads: usize, t: usize) -> Self {
-        let nblk = t.div_ceil(BLOCK);
-        let mut span = Vec::with_capacity(b * nblk);
-        for bi in 0..b {
-            for blk in 0..nblk {
-                let r = &rows[bi * t + blk * BLOCK..bi * t + ((blk + 1) * BLOCK).min(t)];
-                let lo = r.iter().map(|x| x.0).min().unwrap_or(0);
-                let hi = r.iter().map(|x| x.1).max().unwrap_or(0);
-                span.push((lo, hi.max(lo)));
-            }
-        }
-        let mut off = Vec::with_capacity(b * heads * nblk);
-        let mut total = 0;
-        for bi in 0..b {
-            for _ in 0..heads {
-                for blk in 0..nblk {
-                    off.push(total);
-                    let (lo, hi) = span[bi * nblk + blk];
-                    total += (((blk + 1) * BLOCK).min(t) - blk * BLOCK) * (hi - lo);
-                }
-            }
-        }
-        Self {
-            nblk,
-            span,
-            off,
-            total,
-        }
-    }
-}
-
 struct Fwd<'a> {
     q: &'a [f32],
     k: &'a [f32],
@@ -195,7 +69,8 @@ impl Fwd<'_> {
         } = self.dims;
         let (bi, g) = (u / kv, u % kv);
         let rep = heads / kv;
-        let (kr, vr) = (&self.k[u * s * d..][..s * d], &self.v[u * s * d..][..s * d]);
+        let ko = bi * self.dims.kbs + g * s * d;
+        let (kr, vr) = (&self.k[ko..][..s * d], &self.v[ko..][..s * d]);
         let nblk = self.blocks.nblk;
         let mut scratch = if p.is_none() {
             vec![0f32; BLOCK.min(t) * s]
@@ -215,7 +90,7 @@ impl Fwd<'_> {
                     },
                     None => &mut scratch[..nb * w],
                 };
-                let qb = &self.q[((bi * heads + hh) * t + i0) * d..][..nb * d];
+                let qb = &self.q[bi * self.dims.qbs + (hh * t + i0) * d..][..nb * d];
                 // SAFETY: the views cover `qb` (`[nb, d]`), keys `lo..hi` and `pb` (`[nb, w]`).
                 unsafe {
                     let kt = super::mm::View::rows_t(kr[lo * d..].as_ptr(), d);
@@ -269,7 +144,8 @@ impl Bwd<'_> {
         } = self.dims;
         let (bi, g) = (u / kv, u % kv);
         let rep = heads / kv;
-        let (kr, vr) = (&self.k[u * s * d..][..s * d], &self.v[u * s * d..][..s * d]);
+        let ko = bi * self.dims.kbs + g * s * d;
+        let (kr, vr) = (&self.k[ko..][..s * d], &self.v[ko..][..s * d]);
         let blocks = &self.saved.blocks;
         let nblk = blocks.nblk;
         let mut ds = vec![0f32; BLOCK.min(t) * s];
@@ -281,12 +157,12 @@ impl Bwd<'_> {
                 let off = blocks.off[(bi * heads + hh) * nblk + blk];
                 let p = &self.saved.p[off..][..nb * w];
                 let go = self.g[((bi * t + i0) * heads + hh) * d..].as_ptr();
-                let qb = &self.q[((bi * heads + hh) * t + i0) * d..][..nb * d];
+                let qb = &self.q[bi * self.dims.qbs + (hh * t + i0) * d..][..nb * d];
                 let ds = &mut ds[..nb * w];
                 // SAFETY: every view stays inside its buffer; the `dk`/`dv` rows `lo..hi` of
                 // block `(bi, g)` and the `dq` rows of head `hh` belong to this unit only.
                 unsafe {
-                    let dvb = dv.0.add((u * s + lo) * d);
+                    let dvb = dv.0.add(ko + lo * d);
                     // dV += Pᵀ · dO
                     gemm(
                         w,
@@ -319,10 +195,10 @@ impl Bwd<'_> {
                 }
                 // SAFETY: as above.
                 unsafe {
-                    let dqb = dq.0.add(((bi * heads + hh) * t + i0) * d);
+                    let dqb = dq.0.add(bi * self.dims.qbs + (hh * t + i0) * d);
                     let kv_ = View::rows(kr[lo * d..].as_ptr(), d);
                     gemm(nb, d, w, dqb, d, false, View::rows(ds.as_ptr(), w), kv_);
-                    let dkb = dk.0.add((u * s + lo) * d);
+                    let dkb = dk.0.add(ko + lo * d);
                     gemm(
                         w,
                         d,
@@ -360,6 +236,8 @@ fn dims(lq: &Layout, lk: &Layout, lv: &Layout, lm: &Layout) -> Result<Dims> {
         )
     }
     Ok(Dims {
+        qbs: heads * t * d,
+        kbs: kv * s * d,
         b,
         heads,
         kv,
@@ -367,6 +245,76 @@ fn dims(lq: &Layout, lk: &Layout, lv: &Layout, lm: &Layout) -> Result<Dims> {
         s,
         d,
     })
+}
+
+impl MaskedAttention {
+    /// The `[b, 1, t, s]` mask's data, for [`Self::forward`].
+    pub(super) fn with_mask<R>(&self, f: impl FnOnce(&[f32], &[usize]) -> Result<R>) -> Result<R> {
+        let mask = self.mask.contiguous()?;
+        let (ms, ml) = mask.storage_and_layout();
+        let candle_core::Storage::Cpu(mc) = &*ms else {
+            candle_core::bail!("attention mask must be on the CPU")
+        };
+        f(super::fused::slice(mc, ml)?, ml.dims())
+    }
+
+    /// The forward over raw buffers laid out as `dm` says; `m` is the `[b, 1, t, s]` mask.
+    /// Returns `[b, t, heads · d]` and keeps the probabilities when saving.
+    pub(super) fn forward(&self, q: &[f32], k: &[f32], v: &[f32], m: &[f32], dm: Dims) -> Vec<f32> {
+        let Dims { b, heads, t, d, .. } = dm;
+        let span = spans(m, b * t, dm.s);
+        let blocks = Blocks::new(&span, b, heads, t);
+        let mut out = super::mm::uninit(b * t * heads * d);
+        let mut p = super::mm::uninit(if self.save { blocks.total } else { 0 });
+        let fwd = Fwd {
+            q,
+            k,
+            v,
+            m,
+            span: &span,
+            blocks: &blocks,
+            dims: dm,
+            scale: self.scale,
+        };
+        let (o, pp) = (Out(out.as_mut_ptr()), Out(p.as_mut_ptr()));
+        let save = self.save;
+        par_units(b * dm.kv, |u| fwd.run(u, o, save.then_some(pp)));
+        if save {
+            *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some(Saved { p, blocks });
+        }
+        out
+    }
+
+    /// The backward over raw buffers: writes every element of `dq` and accumulates into `dk`, `dv`
+    /// (which the caller zeroes), laid out like `q`, `k`, `v`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn backward(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        g: &[f32],
+        dm: Dims,
+        dq: Out,
+        dk: Out,
+        dv: Out,
+    ) -> Result<()> {
+        let guard = self.saved.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(saved) = guard.as_ref() else {
+            candle_core::bail!("attention backward without saved probabilities")
+        };
+        let bwd = Bwd {
+            q,
+            k,
+            v,
+            g,
+            saved,
+            dims: dm,
+            scale: self.scale,
+        };
+        par_units(dm.b * dm.kv, |u| bwd.run(u, dq, dk, dv));
+        Ok(())
+    }
 }
 
 impl CustomOp3 for MaskedAttention {
@@ -393,29 +341,9 @@ impl CustomOp3 for MaskedAttention {
         let candle_core::Storage::Cpu(mc) = &*ms else {
             candle_core::bail!("attention mask must be on the CPU")
         };
-        let m = super::fused::slice(mc, ml)?;
         let dm = dims(l1, l2, l3, ml)?;
+        let out = self.forward(q, k, v, super::fused::slice(mc, ml)?, dm);
         let Dims { b, heads, t, d, .. } = dm;
-        let span = spans(m, b * t, dm.s);
-        let blocks = Blocks::new(&span, b, heads, t);
-        let mut out = vec![0f32; b * t * heads * d];
-        let mut p = vec![0f32; if self.save { blocks.total } else { 0 }];
-        let fwd = Fwd {
-            q,
-            k,
-            v,
-            m,
-            span: &span,
-            blocks: &blocks,
-            dims: dm,
-            scale: self.scale,
-        };
-        let (o, pp) = (Out(out.as_mut_ptr()), Out(p.as_mut_ptr()));
-        let save = self.save;
-        par_units(b * dm.kv, |u| fwd.run(u, o, save.then_some(pp)));
-        if save {
-            *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some(Saved { p, blocks });
-        }
         Ok((CpuStorage::F32(out), Shape::from((b, t, heads * d))))
     }
 
@@ -427,10 +355,6 @@ impl CustomOp3 for MaskedAttention {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let guard = self.saved.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(saved) = guard.as_ref() else {
-            candle_core::bail!("attention backward without saved probabilities")
-        };
         let (q, k, v, grad) = (
             q.contiguous()?,
             k.contiguous()?,
@@ -451,16 +375,7 @@ impl CustomOp3 for MaskedAttention {
             candle_core::bail!("attention backward runs on the CPU")
         };
         let dm = dims(lq, lk, lv, self.mask.layout())?;
-        let bwd = Bwd {
-            q: super::fused::slice(cq, lq)?,
-            k: super::fused::slice(ck, lk)?,
-            v: super::fused::slice(cv, lv)?,
-            g: super::fused::slice(cg, lg)?,
-            saved,
-            dims: dm,
-            scale: self.scale,
-        };
-        let mut dq = vec![0f32; q.elem_count()];
+        let mut dq = super::mm::uninit(q.elem_count());
         let mut dk = vec![0f32; k.elem_count()];
         let mut dv = vec![0f32; v.elem_count()];
         let (a, b, c) = (
@@ -468,7 +383,16 @@ impl CustomOp3 for MaskedAttention {
             Out(dk.as_mut_ptr()),
             Out(dv.as_mut_ptr()),
         );
-        par_units(dm.b * dm.kv, |u| bwd.run(u, a, b, c));
+        self.backward(
+            super::fused::slice(cq, lq)?,
+            super::fused::slice(ck, lk)?,
+            super::fused::slice(cv, lv)?,
+            super::fused::slice(cg, lg)?,
+            dm,
+            a,
+            b,
+            c,
+        )?;
         let dev = q.device();
         Ok((
             Some(Tensor::from_vec(dq, q.shape(), dev)?),
