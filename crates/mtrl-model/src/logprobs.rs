@@ -17,6 +17,7 @@ use candle_core::{DType, Tensor, Var, D};
 
 use crate::error::{ModelError, Result};
 use crate::policy::Policy;
+use crate::transformer::mm::{gemm_par, uninit, View};
 
 /// Default budget of logits materialised at once (32 Mi f32 = 128 MiB).
 pub const DEFAULT_CHUNK_ELEMS: usize = 1 << 25;
@@ -87,7 +88,7 @@ fn lse_and_pick(z: &Tensor, targets: &[u32], inv_t: f32) -> Result<(Vec<f32>, Ve
 fn dlogits(z: &Tensor, lse: &[f32], targets: &[u32], g: &[f32], inv_t: f32) -> Result<Tensor> {
     let (n, vocab) = z.dims2()?;
     let dz = with_f32(z, |z| {
-        let mut out = vec![0f32; n * vocab];
+        let mut out = uninit(n * vocab);
         crate::skinny::par_rows(&mut out, vocab, |r, o| {
             let row = &z[r * vocab..][..vocab];
             let (l, c) = (lse[r], -g[r] * inv_t);
@@ -101,6 +102,71 @@ fn dlogits(z: &Tensor, lse: &[f32], targets: &[u32], g: &[f32], inv_t: f32) -> R
         out
     })?;
     Ok(Tensor::from_vec(dz, (n, vocab), z.device())?)
+}
+
+/// Logits `h · wᵀ` of a chunk (CPU, f32) into a buffer that is not zero-filled first.
+fn logits_cpu(h: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let (n, hs) = h.dims2()?;
+    let vocab = w.dim(0)?;
+    let z = with_f32(h, |h| {
+        with_f32(w, |w| {
+            let mut z = uninit(n * vocab);
+            // SAFETY: `h` is `[n, hs]`, `w` `[vocab, hs]` (read transposed), `z` `[n, vocab]`.
+            unsafe {
+                let (hv, wt) = (View::rows(h.as_ptr(), hs), View::rows_t(w.as_ptr(), hs));
+                gemm_par(n, vocab, hs, z.as_mut_ptr(), vocab, false, hv, wt);
+            }
+            z
+        })
+    })??;
+    Ok(Tensor::from_vec(z, (n, vocab), h.device())?)
+}
+
+/// The chunk's share of the backward products (CPU, f32): `dh = dz · w` (`[n, hs]`, written) and
+/// `dw (+)= dzᵀ · h` (`[vocab, hs]`, accumulated when `acc`).
+fn chunk_grads_cpu(
+    dz: &Tensor,
+    w: &Tensor,
+    h: &Tensor,
+    dh: &mut [f32],
+    dw: &mut [f32],
+    acc: bool,
+) -> Result<()> {
+    let (n, hs) = h.dims2()?;
+    let vocab = w.dim(0)?;
+    with_f32(dz, |dz| {
+        with_f32(w, |w| {
+            with_f32(h, |h| {
+                // SAFETY: `dz` `[n, vocab]`, `w` `[vocab, hs]`, `h` `[n, hs]`; `dh` holds
+                // `n · hs` and `dw` `vocab · hs` elements (checked by the caller's sizes).
+                unsafe {
+                    let dzv = View::rows(dz.as_ptr(), vocab);
+                    gemm_par(
+                        n,
+                        hs,
+                        vocab,
+                        dh.as_mut_ptr(),
+                        hs,
+                        false,
+                        dzv,
+                        View::rows(w.as_ptr(), hs),
+                    );
+                    let dzt = View::rows_t(dz.as_ptr(), vocab);
+                    gemm_par(
+                        vocab,
+                        hs,
+                        n,
+                        dw.as_mut_ptr(),
+                        hs,
+                        acc,
+                        dzt,
+                        View::rows(h.as_ptr(), hs),
+                    );
+                }
+            })
+        })
+    })???;
+    Ok(())
 }
 
 fn chunk_log_softmax(h: &Tensor, w: &Tensor, temperature: f64) -> Result<Tensor> {
@@ -183,7 +249,7 @@ pub fn token_logprobs(
     while start < rows.len() {
         let n = chunk_rows.min(rows.len() - start);
         let picked = if fast {
-            let z = hd.narrow(0, start, n)?.matmul(&wd.t()?)?;
+            let z = logits_cpu(&hd.narrow(0, start, n)?, &wd)?;
             let (lse, picked) = lse_and_pick(&z, &targets[start..start + n], inv_t)?;
             let keep = differentiable && kept + n * vocab <= chunk_elems;
             if keep {
@@ -247,38 +313,53 @@ impl TokenLogprobs {
         let hd = self.hidden.detach();
         let wdt = wd.dtype();
         let vocab = wd.dim(0)?;
-        let mut dh_chunks = Vec::new();
-        let mut dw: Option<Tensor> = None;
         let fast = fast_path(&wd) && self.chunks.len() == self.rows.len().div_ceil(self.chunk_rows);
         let inv_t = (1.0 / self.temperature) as f32;
+        let hs = hd.dim(1)?;
+        // CPU fast path: the products write into these (dh rows in chunk order, dw accumulated).
+        let (mut dh_buf, mut dw_buf) = if fast {
+            (uninit(self.rows.len() * hs), vec![0f32; vocab * hs])
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        let mut dh_chunks = Vec::new();
+        let mut dw: Option<Tensor> = None;
         let mut start = 0;
         let mut ci = 0;
         while start < self.rows.len() {
             let n = self.chunk_rows.min(self.rows.len() - start);
             let hc = hd.narrow(0, start, n)?;
-            let dz = if fast {
+            if fast {
                 let (lse, z) = &self.chunks[ci];
                 let z = match z {
                     Some(z) => z.clone(),
-                    None => hc.matmul(&wd.t()?)?,
+                    None => logits_cpu(&hc, &wd)?,
                 };
                 let tg = &self.targets[start..start + n];
-                dlogits(&z, lse, tg, &g_rows[start..start + n], inv_t)?
+                let dz = dlogits(&z, lse, tg, &g_rows[start..start + n], inv_t)?;
+                let dh = &mut dh_buf[start * hs..(start + n) * hs];
+                chunk_grads_cpu(&dz, &wd, &hc, dh, &mut dw_buf, ci > 0)?;
             } else {
                 let p = chunk_log_softmax(&hc, &wd, self.temperature)?.exp()?;
                 let tgt = Tensor::from_slice(&self.targets[start..start + n], n, &dev)?;
                 let onehot = candle_nn::encoding::one_hot(tgt, vocab, 1f32, 0f32)?;
                 let g = Tensor::from_slice(&g_rows[start..start + n], (n, 1), &dev)?;
-                ((onehot - p)?.broadcast_mul(&g)? / self.temperature)?
-            };
-            dh_chunks.push(dz.to_dtype(wdt)?.matmul(&wd)?);
-            let dwc = dz.t()?.matmul(&hc.to_dtype(DType::F32)?)?;
-            dw = Some(match dw {
-                None => dwc,
-                Some(acc) => (acc + dwc)?,
-            });
+                let dz = ((onehot - p)?.broadcast_mul(&g)? / self.temperature)?;
+                dh_chunks.push(dz.to_dtype(wdt)?.matmul(&wd)?);
+                let dwc = dz.t()?.matmul(&hc.to_dtype(DType::F32)?)?;
+                dw = Some(match dw {
+                    None => dwc,
+                    Some(acc) => (acc + dwc)?,
+                });
+            }
             start += n;
             ci += 1;
+        }
+        if fast {
+            dw = Some(Tensor::from_vec(dw_buf, (vocab, hs), &dev)?);
+            if !self.rows.is_empty() {
+                dh_chunks.push(Tensor::from_vec(dh_buf, (self.rows.len(), hs), &dev)?);
+            }
         }
         let dw = match dw {
             Some(dw) => dw,

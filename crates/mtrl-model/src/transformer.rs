@@ -468,7 +468,7 @@ mod attn_tests;
 mod attn_util;
 mod decode_attn;
 mod fused;
-mod mm;
+pub(crate) mod mm;
 mod ops;
 mod packed;
 use decode_attn::DecodeAttn;

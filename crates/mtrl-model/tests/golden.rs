@@ -205,6 +205,21 @@ fn grpo_step(kind: &str, dev: &Device) {
             "{kind} grad {name} diff {d} (max|g| {scale})"
         );
     }
+    // One row per vocabulary chunk and no logits kept (every chunk recomputed, dW accumulated
+    // across chunks) gives the gradients of the single-chunk pass.
+    let gl = (&lmask * adv.broadcast_as(lmask.shape()).unwrap()).unwrap();
+    let one = token_logprobs(&p, &ids, Some(&am), 1.0, true, 1 << 25).unwrap();
+    let rows = token_logprobs(&p, &ids, Some(&am), 1.0, true, 1).unwrap();
+    let (ga, gb) = (one.backward(&gl).unwrap(), rows.backward(&gl).unwrap());
+    for (name, var) in p.named_parameters() {
+        let (a, b) = (ga.get(var.as_tensor()), gb.get(var.as_tensor()));
+        let (Some(a), Some(b)) = (a, b) else {
+            panic!("{kind} {name}: gradient missing in one of the chunkings")
+        };
+        let scale: f32 = a.abs().unwrap().max_all().unwrap().to_scalar().unwrap();
+        let d = max_abs_diff(a, b, None);
+        assert!(d <= 1e-5 * scale + 1e-8, "{kind} {name} chunked diff {d}");
+    }
 }
 
 #[test]
