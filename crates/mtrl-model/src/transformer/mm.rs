@@ -10,6 +10,10 @@ pub(crate) struct View {
     pub cs: isize,
 }
 
+// SAFETY: a view is only read, by threads that the caller's safety contract covers.
+unsafe impl Send for View {}
+unsafe impl Sync for View {}
+
 impl View {
     /// A row-major view with row stride `rs`.
     pub fn rows(ptr: *const f32, rs: usize) -> Self {
@@ -17,6 +21,17 @@ impl View {
             ptr,
             rs: rs as isize,
             cs: 1,
+        }
+    }
+
+    /// The view from row `r` on.
+    ///
+    /// # Safety
+    /// Row `r` must lie inside the viewed buffer.
+    unsafe fn down(self, r: usize) -> Self {
+        Self {
+            ptr: self.ptr.offset(r as isize * self.rs),
+            ..self
         }
     }
 
@@ -82,7 +97,9 @@ pub(crate) unsafe fn gemm(
     )
 }
 
-/// [`gemm`] on candle's thread count (rayon) when the product is large enough to split.
+/// [`gemm`] split by output rows over candle's worker pool (the pool the other CPU kernels use,
+/// so no second pool's threads compete with it for the cores) when the product is large enough.
+/// Each row block is a fixed range, so the result does not depend on which thread computes it.
 ///
 /// # Safety
 /// As [`gemm`].
@@ -98,30 +115,38 @@ pub(crate) unsafe fn gemm_par(
     b: View,
 ) {
     let threads = crate::skinny::num_threads();
-    if threads < 2 || m * n * k < (1 << 18) || k == 0 || m == 0 || n == 0 {
+    if threads < 2 || m * n * k < (1 << 18) || m < 32 {
         return gemm(m, n, k, dst, dst_rs, acc, a, b);
     }
-    gemm::gemm(
-        m,
-        n,
-        k,
-        dst,
-        1,
-        dst_rs as isize,
-        acc,
-        a.ptr,
-        a.cs,
-        a.rs,
-        b.ptr,
-        b.cs,
-        b.rs,
-        1.0,
-        1.0,
-        false,
-        false,
-        false,
-        gemm::Parallelism::Rayon(threads),
-    )
+    // Row blocks: a few per thread so that uneven progress evens out, multiples of 16 rows.
+    let parts = (threads * 4).min(m / 16).max(1);
+    let rows = m.div_ceil(parts).next_multiple_of(16);
+    let units = m.div_ceil(rows);
+    let d = SendPtr(dst);
+    candle_core::utils::barrier_pool().execute_chunked(units, |range| {
+        for u in range {
+            let r0 = u * rows;
+            let r1 = (r0 + rows).min(m);
+            let d = d.get();
+            // SAFETY: the row blocks are disjoint; the caller vouches for the whole product.
+            unsafe {
+                gemm(r1 - r0, n, k, d.add(r0 * dst_rs), dst_rs, acc, a.down(r0), b);
+            }
+        }
+    });
+}
+
+/// A raw pointer handed to the pool's threads (they touch disjoint elements).
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: see the uses; every thread reads shared inputs or writes its own rows.
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
 }
 
 /// A buffer of `n` f32 whose contents are unspecified until written (no zero fill; the caller
