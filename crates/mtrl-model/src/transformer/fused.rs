@@ -301,25 +301,40 @@ impl CustomOp2 for RmsNorm {
         let d = w.elem_count();
         let eps = self.eps;
         let (dx, dw) = with3(x, w, grad, |x, w, g| {
-            let mut dx = new_vec(x.len());
-            let mut dw = vec![0f32; d];
-            for ((x, g), o) in x
-                .chunks_exact(d)
-                .zip(g.chunks_exact(d))
-                .zip(dx.chunks_exact_mut(d))
-            {
-                let ms = x.iter().map(|v| v * v).sum::<f32>() / d as f32;
-                let inv = 1.0 / (ms + eps).sqrt();
-                // dot = Σ g·w·x̂ / d
-                let mut dot = 0f32;
-                for ((&xe, &ge), (&we, dwe)) in x.iter().zip(g).zip(w.iter().zip(dw.iter_mut())) {
-                    let xh = xe * inv;
-                    *dwe += ge * xh;
-                    dot += ge * we * xh;
+            let rows = x.len() / d.max(1);
+            let mut dx = uninit(x.len());
+            // Fixed blocks of rows, each with its own share of `dw` (summed in block order after),
+            // so the result does not depend on the thread count.
+            const BLOCK: usize = 64;
+            let blocks = rows.div_ceil(BLOCK);
+            let mut part = vec![0f32; blocks * d];
+            let dxp = dx.as_mut_ptr() as usize;
+            crate::skinny::par_rows_min(&mut part, d, 2 * d, |bi, dw| {
+                for r in bi * BLOCK..((bi + 1) * BLOCK).min(rows) {
+                    let (x, g) = (&x[r * d..][..d], &g[r * d..][..d]);
+                    // SAFETY: row `r` of `dx` is written by this block only; `dx` outlives the call.
+                    let o =
+                        unsafe { std::slice::from_raw_parts_mut((dxp as *mut f32).add(r * d), d) };
+                    let ms = x.iter().map(|v| v * v).sum::<f32>() / d as f32;
+                    let inv = 1.0 / (ms + eps).sqrt();
+                    // dot = Σ g·w·x̂ / d
+                    let mut dot = 0f32;
+                    for ((&xe, &ge), (&we, dwe)) in x.iter().zip(g).zip(w.iter().zip(dw.iter_mut()))
+                    {
+                        let xh = xe * inv;
+                        *dwe += ge * xh;
+                        dot += ge * we * xh;
+                    }
+                    let dot = dot / d as f32;
+                    for ((oe, &xe), (&ge, &we)) in o.iter_mut().zip(x).zip(g.iter().zip(w)) {
+                        *oe = inv * (ge * we - xe * inv * dot);
+                    }
                 }
-                let dot = dot / d as f32;
-                for ((oe, &xe), (&ge, &we)) in o.iter_mut().zip(x).zip(g.iter().zip(w)) {
-                    *oe = inv * (ge * we - xe * inv * dot);
+            });
+            let mut dw = vec![0f32; d];
+            for p in part.chunks_exact(d.max(1)) {
+                for (a, &b) in dw.iter_mut().zip(p) {
+                    *a += b;
                 }
             }
             (dx, dw)

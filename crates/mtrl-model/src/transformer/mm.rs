@@ -130,7 +130,16 @@ pub(crate) unsafe fn gemm_par(
             let d = d.get();
             // SAFETY: the row blocks are disjoint; the caller vouches for the whole product.
             unsafe {
-                gemm(r1 - r0, n, k, d.add(r0 * dst_rs), dst_rs, acc, a.down(r0), b);
+                gemm(
+                    r1 - r0,
+                    n,
+                    k,
+                    d.add(r0 * dst_rs),
+                    dst_rs,
+                    acc,
+                    a.down(r0),
+                    b,
+                );
             }
         }
     });
