@@ -35,6 +35,17 @@ impl View {
         }
     }
 
+    /// The view from column `c` on.
+    ///
+    /// # Safety
+    /// Column `c` must lie inside the viewed buffer.
+    unsafe fn right(self, c: usize) -> Self {
+        Self {
+            ptr: self.ptr.offset(c as isize * self.cs),
+            ..self
+        }
+    }
+
     /// The transpose of a row-major matrix with row stride `rs`.
     pub fn rows_t(ptr: *const f32, rs: usize) -> Self {
         Self {
@@ -115,31 +126,38 @@ pub(crate) unsafe fn gemm_par(
     b: View,
 ) {
     let threads = crate::skinny::num_threads();
-    if threads < 2 || m * n * k < (1 << 18) || m < 32 {
+    if threads < 2 || m * n * k < (1 << 18) || m.max(n) < 32 {
         return gemm(m, n, k, dst, dst_rs, acc, a, b);
     }
-    // Row blocks: a few per thread so that uneven progress evens out, multiples of 16 rows.
-    let parts = (threads * 4).min(m / 16).max(1);
-    let rows = m.div_ceil(parts).next_multiple_of(16);
-    let units = m.div_ceil(rows);
+    // Blocks of rows (or of columns, when the product is wider than tall: each block packs the
+    // operand it shares again, so the smaller one is shared), a few per thread so that uneven
+    // progress evens out, multiples of 16.
+    let by_cols = n > m;
+    let len = if by_cols { n } else { m };
+    let parts = (threads * 4).min(len / 16).max(1);
+    let step = len.div_ceil(parts).next_multiple_of(16);
+    let units = len.div_ceil(step);
     let d = SendPtr(dst);
     candle_core::utils::barrier_pool().execute_chunked(units, |range| {
         for u in range {
-            let r0 = u * rows;
-            let r1 = (r0 + rows).min(m);
+            let (i0, i1) = (u * step, (u * step + step).min(len));
             let d = d.get();
-            // SAFETY: the row blocks are disjoint; the caller vouches for the whole product.
+            // SAFETY: the blocks are disjoint; the caller vouches for the whole product.
             unsafe {
-                gemm(
-                    r1 - r0,
-                    n,
-                    k,
-                    d.add(r0 * dst_rs),
-                    dst_rs,
-                    acc,
-                    a.down(r0),
-                    b,
-                );
+                if by_cols {
+                    gemm(m, i1 - i0, k, d.add(i0), dst_rs, acc, a, b.right(i0));
+                } else {
+                    gemm(
+                        i1 - i0,
+                        n,
+                        k,
+                        d.add(i0 * dst_rs),
+                        dst_rs,
+                        acc,
+                        a.down(i0),
+                        b,
+                    );
+                }
             }
         }
     });
