@@ -228,3 +228,25 @@ impl CheckpointManager {
         Ok(st)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// Trainer state and metrics go through JSON on every checkpoint; an exact resume needs every
+    /// f64 back bit for bit. serde_json's default parser is one ulp off for this value (a loss
+    /// of −2⁻²⁴ seen in `tests/train_resume.rs`); the workspace enables `float_roundtrip`.
+    #[test]
+    fn json_floats_round_trip_exactly() {
+        for x in [
+            -(2f64.powi(-24)),
+            0.1,
+            1.0 / 3.0,
+            5e-324,
+            f64::MAX,
+            -1.4679805181188883,
+        ] {
+            let text = serde_json::to_string(&x).unwrap();
+            let back: f64 = serde_json::from_str(&text).unwrap();
+            assert_eq!(back.to_bits(), x.to_bits(), "{text}");
+        }
+    }
+}
