@@ -248,10 +248,17 @@ impl Transformer {
             && self.embed.dtype() == DType::F32
             && self.head_dim.is_multiple_of(2)
             && self.head_dim <= packed::MAX_HEAD_DIM;
+        // The packed path's RoPE tables, gathered once for all layers.
+        let rope = if packed {
+            let (cos, sin) = self.rope.gather(positions)?;
+            Some((cos.contiguous()?, sin.contiguous()?))
+        } else {
+            None
+        };
         for l in &self.layers {
             let h = rms_norm(&x, &l.input_ln, self.eps, self.differentiable)?;
-            let a = if packed {
-                self.attend_packed(l, &h, positions, &mask)?
+            let a = if let Some((cos, sin)) = &rope {
+                self.attend_packed(l, &h, cos, sin, &mask)?
             } else {
                 let (q, k, v) = self.qkv(l, &h, positions)?;
                 self.attend(&q, &k, &v, Some(&mask))?
@@ -268,7 +275,8 @@ impl Transformer {
         &self,
         l: &Layer,
         h: &Tensor,
-        positions: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
         mask: &Tensor,
     ) -> Result<Tensor> {
         let w = Tensor::cat(&[&l.q.w, &l.k.w, &l.v.w], 0)?;
@@ -281,15 +289,14 @@ impl Transformer {
             (Some(a), Some(b)) => Some(Tensor::cat(&[a, b], 0)?),
             _ => None,
         };
-        let (cos, sin) = self.rope.gather(positions)?;
         let prep = packed::QkvPrep {
             heads: self.heads,
             kv: self.kv_heads,
             d,
             eps: self.eps as f32,
             norm: norms.is_some(),
-            cos: cos.contiguous()?,
-            sin: sin.contiguous()?,
+            cos: cos.clone(),
+            sin: sin.clone(),
         };
         let norms = match norms {
             Some(n) => n,

@@ -17,7 +17,7 @@ pub(super) fn slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
 }
 
 /// Reads contiguous f32 data of CPU tensors.
-fn with2<R>(a: &Tensor, b: &Tensor, f: impl FnOnce(&[f32], &[f32]) -> R) -> Result<R> {
+pub(super) fn with2<R>(a: &Tensor, b: &Tensor, f: impl FnOnce(&[f32], &[f32]) -> R) -> Result<R> {
     let (a, b) = (a.contiguous()?, b.contiguous()?);
     let (sa, la) = a.storage_and_layout();
     let (sb, lb) = b.storage_and_layout();
@@ -27,7 +27,7 @@ fn with2<R>(a: &Tensor, b: &Tensor, f: impl FnOnce(&[f32], &[f32]) -> R) -> Resu
     Ok(f(slice(ca, la)?, slice(cb, lb)?))
 }
 
-fn with3<R>(
+pub(super) fn with3<R>(
     a: &Tensor,
     b: &Tensor,
     c: &Tensor,

@@ -12,7 +12,7 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tenso
 
 use super::attn::{Dims, MaskedAttention, Out};
 use super::attn_util::par_units;
-use super::fused::slice;
+use super::fused::{slice, with2, with3};
 use super::mm::uninit;
 
 /// Largest head size the kernels take (they keep one head row on the stack).
@@ -34,13 +34,7 @@ pub(crate) struct QkvPrep {
 
 impl QkvPrep {
     fn tables<R>(&self, f: impl FnOnce(&[f32], &[f32]) -> Result<R>) -> Result<R> {
-        let (c, s) = (self.cos.contiguous()?, self.sin.contiguous()?);
-        let (cs, cl) = c.storage_and_layout();
-        let (ss, sl) = s.storage_and_layout();
-        let (candle_core::Storage::Cpu(cc), candle_core::Storage::Cpu(sc)) = (&*cs, &*ss) else {
-            candle_core::bail!("rope tables must be on the CPU")
-        };
-        f(slice(cc, cl)?, slice(sc, sl)?)
+        with2(&self.cos, &self.sin, f)?
     }
 
     fn dims(&self, l: &Layout) -> Result<(usize, usize, usize)> {
@@ -122,71 +116,66 @@ impl CustomOp2 for QkvPrep {
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let (b, t, nh) = self.dims(x.layout())?;
         let (d, half, heads, kv) = (self.d, self.d / 2, self.heads, self.kv);
-        let (x, nw, grad) = (x.contiguous()?, nw.contiguous()?, grad.contiguous()?);
-        let (xs, xl) = x.storage_and_layout();
-        let (ws, wl) = nw.storage_and_layout();
-        let (gs, gl) = grad.storage_and_layout();
-        let (
-            candle_core::Storage::Cpu(xc),
-            candle_core::Storage::Cpu(wc),
-            candle_core::Storage::Cpu(gc),
-        ) = (&*xs, &*ws, &*gs)
-        else {
-            candle_core::bail!("qkv prep backward runs on the CPU")
-        };
-        let (xd, wd, gd) = (slice(xc, xl)?, slice(wc, wl)?, slice(gc, gl)?);
-        let mut dx = uninit(xd.len());
-        // Per unit: its rows' contribution to the norm weight gradient.
-        let mut part = vec![0f32; b * nh * d];
-        let (o, po) = (Out(dx.as_mut_ptr()), Out(part.as_mut_ptr()));
-        self.tables(|cos, sin| {
-            par_units(b * nh, |u| {
-                let (bi, j) = (u / nh, u % nh);
-                let w = &wd[if j < heads { 0 } else { d }..][..d];
-                // SAFETY: the unit's slot of `part` and its rows of `dx` belong to it only.
-                let dw = unsafe { std::slice::from_raw_parts_mut(po.get().add(u * d), d) };
-                for i in 0..t {
-                    let g = &gd[((bi * nh + j) * t + i) * d..][..d];
-                    let dst = unsafe {
-                        std::slice::from_raw_parts_mut(o.get().add(((bi * t + i) * nh + j) * d), d)
-                    };
-                    if j >= heads + kv {
-                        dst.copy_from_slice(g);
-                        continue;
+        let (dx, part) = with3(x, nw, grad, |xd, wd, gd| -> Result<(Vec<f32>, Vec<f32>)> {
+            let mut dx = uninit(xd.len());
+            // Per unit: its rows' contribution to the norm weight gradient.
+            let mut part = vec![0f32; b * nh * d];
+            let (o, po) = (Out(dx.as_mut_ptr()), Out(part.as_mut_ptr()));
+            self.tables(|cos, sin| {
+                par_units(b * nh, |u| {
+                    let (bi, j) = (u / nh, u % nh);
+                    let w = &wd[if j < heads { 0 } else { d }..][..d];
+                    // SAFETY: the unit's slot of `part` and its rows of `dx` belong to it only.
+                    let dw = unsafe { std::slice::from_raw_parts_mut(po.get().add(u * d), d) };
+                    for i in 0..t {
+                        let g = &gd[((bi * nh + j) * t + i) * d..][..d];
+                        let dst = unsafe {
+                            std::slice::from_raw_parts_mut(
+                                o.get().add(((bi * t + i) * nh + j) * d),
+                                d,
+                            )
+                        };
+                        if j >= heads + kv {
+                            dst.copy_from_slice(g);
+                            continue;
+                        }
+                        // Rotate the gradient back (RoPE with the negated angle).
+                        let c = &cos[(bi * t + i) * half..][..half];
+                        let s = &sin[(bi * t + i) * half..][..half];
+                        let mut gr = [0f32; MAX_HEAD_DIM];
+                        let gr = &mut gr[..d];
+                        let (g1, g2) = g.split_at(half);
+                        let (r1, r2) = gr.split_at_mut(half);
+                        for k in 0..half {
+                            r1[k] = g1[k] * c[k] + g2[k] * s[k];
+                            r2[k] = g2[k] * c[k] - g1[k] * s[k];
+                        }
+                        if !self.norm {
+                            dst.copy_from_slice(gr);
+                            continue;
+                        }
+                        let xr = &xd[((bi * t + i) * nh + j) * d..][..d];
+                        let ms = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
+                        let inv = 1.0 / (ms + self.eps).sqrt();
+                        let mut dot = 0f32;
+                        for ((&xe, &ge), (&we, dwe)) in
+                            xr.iter().zip(&*gr).zip(w.iter().zip(&mut *dw))
+                        {
+                            let xh = xe * inv;
+                            *dwe += ge * xh;
+                            dot += ge * we * xh;
+                        }
+                        let dot = dot / d as f32;
+                        for ((oe, &xe), (&ge, &we)) in dst.iter_mut().zip(xr).zip(gr.iter().zip(w))
+                        {
+                            *oe = inv * (ge * we - xe * inv * dot);
+                        }
                     }
-                    // Rotate the gradient back (RoPE with the negated angle).
-                    let c = &cos[(bi * t + i) * half..][..half];
-                    let s = &sin[(bi * t + i) * half..][..half];
-                    let mut gr = [0f32; MAX_HEAD_DIM];
-                    let gr = &mut gr[..d];
-                    let (g1, g2) = g.split_at(half);
-                    let (r1, r2) = gr.split_at_mut(half);
-                    for k in 0..half {
-                        r1[k] = g1[k] * c[k] + g2[k] * s[k];
-                        r2[k] = g2[k] * c[k] - g1[k] * s[k];
-                    }
-                    if !self.norm {
-                        dst.copy_from_slice(gr);
-                        continue;
-                    }
-                    let xr = &xd[((bi * t + i) * nh + j) * d..][..d];
-                    let ms = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
-                    let inv = 1.0 / (ms + self.eps).sqrt();
-                    let mut dot = 0f32;
-                    for ((&xe, &ge), (&we, dwe)) in xr.iter().zip(&*gr).zip(w.iter().zip(&mut *dw))
-                    {
-                        let xh = xe * inv;
-                        *dwe += ge * xh;
-                        dot += ge * we * xh;
-                    }
-                    let dot = dot / d as f32;
-                    for ((oe, &xe), (&ge, &we)) in dst.iter_mut().zip(xr).zip(gr.iter().zip(w)) {
-                        *oe = inv * (ge * we - xe * inv * dot);
-                    }
-                }
-            });
-            Ok(())
-        })?;
+                });
+                Ok(())
+            })?;
+            Ok((dx, part))
+        })??;
         let dev = x.device();
         let dx = Tensor::from_vec(dx, x.shape(), dev)?;
         if !self.norm {
@@ -254,22 +243,18 @@ impl CustomOp1 for PackedAttention {
     }
 
     fn bwd(&self, x: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let (x, grad) = (x.contiguous()?, grad.contiguous()?);
         let dm = self.dims(x.layout())?;
         let (kq, vq) = (dm.heads * dm.t * dm.d, (dm.heads + dm.kv) * dm.t * dm.d);
-        let (xs, xl) = x.storage_and_layout();
-        let (gs, gl) = grad.storage_and_layout();
-        let (candle_core::Storage::Cpu(xc), candle_core::Storage::Cpu(gc)) = (&*xs, &*gs) else {
-            candle_core::bail!("packed attention backward runs on the CPU")
-        };
-        let (xd, gd) = (slice(xc, xl)?, slice(gc, gl)?);
-        // Key and value gradients accumulate, so the buffer starts at zero.
-        let mut dx = vec![0f32; xd.len()];
-        let p = dx.as_mut_ptr();
-        // SAFETY: the offsets stay inside `dx` (q, k and v blocks of every sequence).
-        let (dq, dk, dv) = unsafe { (Out(p), Out(p.add(kq)), Out(p.add(vq))) };
-        self.inner
-            .backward(xd, &xd[kq..], &xd[vq..], gd, dm, dq, dk, dv)?;
+        let dx = with2(x, grad, |xd, gd| -> Result<Vec<f32>> {
+            // Key and value gradients accumulate, so the buffer starts at zero.
+            let mut dx = vec![0f32; xd.len()];
+            let p = dx.as_mut_ptr();
+            // SAFETY: the offsets stay inside `dx` (q, k and v blocks of every sequence).
+            let (dq, dk, dv) = unsafe { (Out(p), Out(p.add(kq)), Out(p.add(vq))) };
+            self.inner
+                .backward(xd, &xd[kq..], &xd[vq..], gd, dm, dq, dk, dv)?;
+            Ok(dx)
+        })??;
         Ok(Some(Tensor::from_vec(dx, x.shape(), x.device())?))
     }
 }
