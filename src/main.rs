@@ -3,7 +3,6 @@
 //! their whole cause chain and exit code 1 (ripgrep style); nothing here holds domain logic.
 
 mod cmd;
-mod telemetry;
 
 use clap::{Parser, Subcommand};
 

@@ -6,9 +6,6 @@
 //! scripts/mlflow-server.sh); otherwise this test starts its own with that script (`--no-install`:
 //! tests never reach the network) and fails, saying what to run, when MLflow is not installed.
 
-#[path = "../src/telemetry/mlflow/mod.rs"]
-#[allow(dead_code)]
-mod mlflow;
 mod train_common;
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -17,7 +14,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use mlflow::{proxied_artifact_root, Options, RunSpec, RunStatus, Tracker};
+use mtrl_train::telemetry::mlflow::{proxied_artifact_root, Options, RunSpec, RunStatus, Tracker};
 use serde_json::Value;
 
 /// The tracking server's URL: `MTRL_TEST_MLFLOW_URI`, or a server started for this process

@@ -92,6 +92,59 @@ fn resumed_run_matches_uninterrupted_bitwise() {
     assert_eq!(summary["resumed_from"], serde_json::Value::Null);
 }
 
+/// The same config reached from another working directory, by an absolute path through `..`,
+/// resumes: resume keys compare what the paths point to, not their spelling.
+#[test]
+fn resumes_from_another_working_directory() {
+    let d = tempfile::tempdir().unwrap();
+    let project = d.path().join("project");
+    for sub in ["configs", "data"] {
+        std::fs::create_dir_all(project.join(sub)).unwrap();
+    }
+    std::fs::copy(
+        fixtures().join("pick/tasks.jsonl"),
+        project.join("data/tasks.jsonl"),
+    )
+    .unwrap();
+    let absolute = write_config(
+        &project.join("configs"),
+        "group_size = 4\nrollout_max_concurrency = 4",
+        "global_batch_size = 4\nmax_steps = 3",
+        "every_steps = 1",
+    );
+    // Relative paths, resolved against the config's folder.
+    let text = std::fs::read_to_string(&absolute)
+        .unwrap()
+        .replace(
+            &fixtures().join("pick/tasks.jsonl").display().to_string(),
+            "../data/tasks.jsonl",
+        )
+        .replace(&project.join("configs/run").display().to_string(), "../run");
+    assert!(text.contains("\"../data/tasks.jsonl\"") && text.contains("\"../run\""));
+    std::fs::write(&absolute, text).unwrap();
+    let run = |cwd: &Path, config: &str, extra: &[&str]| {
+        let mut args = vec!["train", "--quiet", "--config", config];
+        args.extend_from_slice(extra);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_mtrl"))
+            .args(&args)
+            .current_dir(cwd)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{err}");
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let s = run(&project, "configs/train.toml", &["--max-steps", "2"]);
+    assert_eq!(s["steps"], 2);
+    let elsewhere = d.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let dotted = project.join("configs/../configs/train.toml");
+    let s = run(&elsewhere, dotted.to_str().unwrap(), &[]);
+    assert_eq!(s["resumed_from"], 2);
+    assert_eq!(s["steps"], 3);
+    assert_eq!(records(&project.join("run")).len(), 3);
+}
+
 #[cfg(unix)]
 #[test]
 fn sigterm_writes_a_checkpoint_and_exits_cleanly() {

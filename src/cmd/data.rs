@@ -1,23 +1,10 @@
-//! `mtrl data prepare`: turns bundled collections (a config's `[search]` corpus and
-//! `[search.eval]` queries + qrels) into a corpus file and task files with train / validation /
-//! test splits, deterministically.
-//!
-//! Output per config, under `--out` (default `runs/data`) in a folder named after the config's
-//! `name`: `corpus.jsonl` (`{"id","title","text"}`), `{train,validation,test}.{jsonl|parquet|csv|json}`
-//! (columns `id`, `prompt`; prompt = `{"query": …, "qrels": {…}}`) and `manifest.json`.
-//! A query goes to test when `hash(seed, id) < test_fraction`, else to validation when it is below
-//! `test_fraction + validation_fraction`, else to train; rows keep query-file order.
+//! `mtrl data prepare`: corpus + train/validation/test task files for collections
+//! (`mtrl_train::data`), one folder per config name under `--out`.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
-use mtrl_env::rng::hash_str;
-use mtrl_env::{tasks, Task};
-use mtrl_search::{queries, Corpus, Qrels};
-use serde_json::json;
-
-use mtrl_core::Config;
+use anyhow::Result;
+use mtrl_train::data::PrepareOptions;
 
 use super::common::load_config;
 
@@ -48,59 +35,14 @@ pub struct PrepareArgs {
 }
 
 pub fn run(cmd: &DataCommand) -> Result<()> {
-    match cmd {
-        DataCommand::Prepare(a) => prepare(a),
-    }
-}
-
-fn unit(seed: u64, id: &str) -> f64 {
-    (hash_str(seed, id) >> 11) as f64 / (1u64 << 53) as f64
-}
-
-fn write_tasks(path: &Path, tasks: &[Task], format: &str) -> Result<()> {
-    let ctx = || format!("cannot write {}", path.display());
-    match format {
-        "parquet" => mtrl_env::tasks::write_parquet_tasks(path, tasks).with_context(ctx)?,
-        "jsonl" => {
-            let mut w = std::io::BufWriter::new(std::fs::File::create(path).with_context(ctx)?);
-            for t in tasks {
-                writeln!(w, "{}", json!({"id": t.id, "prompt": t.prompt})).with_context(ctx)?;
-            }
-            w.flush().with_context(ctx)?;
-        }
-        "json" => {
-            let rows: Vec<_> = tasks
-                .iter()
-                .map(|t| json!({"id": t.id, "prompt": t.prompt}))
-                .collect();
-            std::fs::write(path, serde_json::to_string(&rows)?).with_context(ctx)?;
-        }
-        "csv" => {
-            let mut w = std::fs::File::create(path).with_context(ctx)?;
-            writeln!(w, "id,prompt").with_context(ctx)?;
-            for t in tasks {
-                let q = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
-                writeln!(w, "{},{}", q(&t.id), q(&t.prompt)).with_context(ctx)?;
-            }
-        }
-        other => bail!("unknown --format `{other}` (jsonl, parquet, csv or json)"),
-    }
-    Ok(())
-}
-
-pub fn prepare(a: &PrepareArgs) -> Result<()> {
-    if !(0.0..1.0).contains(&a.test_fraction)
-        || !(0.0..1.0).contains(&a.validation_fraction)
-        || a.test_fraction + a.validation_fraction >= 1.0
-    {
-        bail!("--test-fraction and --validation-fraction must be in [0, 1) and sum below 1");
-    }
-    if !matches!(a.format.as_str(), "jsonl" | "parquet" | "csv" | "json") {
-        bail!(
-            "unknown --format `{}` (jsonl, parquet, csv or json)",
-            a.format
-        );
-    }
+    let DataCommand::Prepare(a) = cmd;
+    let opts = PrepareOptions {
+        test_fraction: a.test_fraction,
+        validation_fraction: a.validation_fraction,
+        seed: a.seed,
+        format: a.format.clone(),
+    };
+    opts.validate()?;
     let configs = if a.config.is_empty() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
         ["cranfield-hash", "vaswani-hash", "musique-hash"]
@@ -112,79 +54,9 @@ pub fn prepare(a: &PrepareArgs) -> Result<()> {
     };
     for path in &configs {
         let cfg = load_config(Some(path))?;
-        prepare_one(&cfg, path, &a.out.join(&cfg.name), a)?;
-    }
-    Ok(())
-}
-
-/// Writes the corpus and the train/validation/test task files of one collection config into `dir`.
-pub fn prepare_one(cfg: &Config, path: &Path, dir: &Path, a: &PrepareArgs) -> Result<()> {
-    let ext = a.format.as_str();
-    {
-        let search = cfg.search()?;
-        let eval = search
-            .eval
-            .as_ref()
-            .with_context(|| format!("{} has no [search.eval] queries/qrels", path.display()))?;
-        let qs = queries::load(&eval.queries)?;
-        let qrels = Qrels::load(&eval.qrels)?;
-        let all = tasks::from_qrels(&qs, &qrels);
-        let (mut train, mut validation, mut test) = (Vec::new(), Vec::new(), Vec::new());
-        for t in all {
-            let u = unit(a.seed, &t.id);
-            if u < a.test_fraction {
-                test.push(t);
-            } else if u < a.test_fraction + a.validation_fraction {
-                validation.push(t);
-            } else {
-                train.push(t);
-            }
-        }
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let (corpus, report) = Corpus::load(&search.corpus, &search.columns, search.skip_bad_rows)?;
-        let corpus_path = dir.join("corpus.jsonl");
-        let mut w = std::io::BufWriter::new(
-            std::fs::File::create(&corpus_path)
-                .with_context(|| format!("cannot create {}", corpus_path.display()))?,
-        );
-        for d in corpus.documents() {
-            writeln!(
-                w,
-                "{}",
-                json!({"id": d.id, "title": d.title, "text": d.text})
-            )?;
-        }
-        w.flush()?;
-        for (split, ts) in [
-            ("train", &train),
-            ("validation", &validation),
-            ("test", &test),
-        ] {
-            write_tasks(&dir.join(format!("{split}.{ext}")), ts, ext)?;
-        }
-        let manifest = json!({
-            "format_version": 1,
-            "name": cfg.name,
-            "config": path,
-            "seed": a.seed,
-            "test_fraction": a.test_fraction,
-            "validation_fraction": a.validation_fraction,
-            "documents": corpus.len(),
-            "skipped_documents": report.skipped,
-            "tasks": {"train": train.len(), "validation": validation.len(), "test": test.len()},
-        });
-        std::fs::write(
-            dir.join("manifest.json"),
-            serde_json::to_string_pretty(&manifest)?,
-        )?;
         println!(
-            "{}: {} documents, tasks train {} / validation {} / test {} → {}",
-            cfg.name,
-            corpus.len(),
-            train.len(),
-            validation.len(),
-            test.len(),
-            dir.display()
+            "{}",
+            mtrl_train::data::prepare(&cfg, &a.out.join(&cfg.name), &opts)?
         );
     }
     Ok(())

@@ -13,7 +13,9 @@ use mtrl_eval::{
     evaluate, prepare_test_sets, Contender, EvalJob, EvalSettings, PassMetric, ProgressFn,
 };
 
-use super::common::{load_config, open_index, print_build_report};
+use mtrl_train::setup::open_index;
+
+use super::common::load_config;
 
 #[derive(clap::Args, Debug)]
 pub struct EvalArgs {
@@ -66,14 +68,11 @@ pub struct EvalArgs {
     pub quiet: bool,
 }
 
-pub fn run(args: &EvalArgs) -> Result<()> {
-    let cfg = load_config(Some(&args.config))?;
-    let metric = PassMetric::parse(&args.pass_metric).with_context(|| {
-        format!(
-            "unknown --pass-metric `{}` (ndcg@10 or reward)",
-            args.pass_metric
-        )
-    })?;
+/// Pairs of labels whose difference the table reports (`tuned − base`).
+type Comparisons = Vec<(String, String)>;
+
+/// The models and scripted baselines the flags name, and which pairs to compare.
+fn contenders(args: &EvalArgs) -> Result<(Vec<Contender>, Comparisons)> {
     let mut contenders = Vec::new();
     let mut compare = Vec::new();
     if let Some(dir) = &args.baseline {
@@ -113,12 +112,18 @@ pub fn run(args: &EvalArgs) -> Result<()> {
             }
         }
     }
-    let sets = prepare_test_sets(&cfg, args.limit)?;
-    let (index, build) = open_index(&cfg, args.quiet)?;
-    if !args.quiet {
-        print_build_report(&build);
-    }
-    let mut settings = EvalSettings::from_config(&cfg, args.k)?;
+    Ok((contenders, compare))
+}
+
+/// The config's evaluation settings with the flags applied.
+fn settings(cfg: &mtrl_core::Config, args: &EvalArgs) -> Result<EvalSettings> {
+    let metric = PassMetric::parse(&args.pass_metric).with_context(|| {
+        format!(
+            "unknown --pass-metric `{}` (ndcg@10 or reward)",
+            args.pass_metric
+        )
+    })?;
+    let mut settings = EvalSettings::from_config(cfg, args.k)?;
     settings.samples = args.samples.unwrap_or(args.k);
     settings.pass.metric = metric;
     settings.pass.threshold = args.pass_threshold;
@@ -128,6 +133,18 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     }
     if let Some(s) = args.seed {
         settings.seed = s;
+    }
+    Ok(settings)
+}
+
+pub fn run(args: &EvalArgs) -> Result<()> {
+    let cfg = load_config(Some(&args.config))?;
+    let settings = settings(&cfg, args)?;
+    let (contenders, compare) = contenders(args)?;
+    let sets = prepare_test_sets(&cfg, args.limit)?;
+    let (index, build) = open_index(&cfg, args.quiet)?;
+    if !args.quiet {
+        eprintln!("{build}");
     }
     let quiet = args.quiet;
     let job = EvalJob {

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{bail, Context};
+use anyhow::{bail, Context, Result};
 use mtrl_model::{ChatOptions, Engine, GenerationRequest, Policy, SamplingParams, Tokenizer};
 
 #[derive(clap::Args, Debug)]
@@ -46,24 +46,14 @@ pub struct GenerateArgs {
     pub prompt: Option<String>,
 }
 
-pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
-    let device = mtrl_model::parse_device(&args.device)?;
-    let dtype = mtrl_model::parse_dtype(&args.dtype)?;
-    let policy = Policy::load(&args.model, dtype, &device)
-        .with_context(|| format!("loading model from {}", args.model.display()))?;
-    let tokenizer = if args.model.join("tokenizer.json").exists() {
-        let t = Tokenizer::from_dir(&args.model)?;
-        t.check_vocab(policy.config().vocab_size)?;
-        Some(Arc::new(t))
-    } else {
-        None
-    };
-    let prompt: Vec<u32> = match (&args.prompt_ids, &args.prompt) {
+/// The prompt's ids: `--prompt-ids`, or the text encoded (through the chat template with
+/// `--chat`).
+fn prompt_ids(args: &GenerateArgs, tokenizer: Option<&Arc<Tokenizer>>) -> Result<Vec<u32>> {
+    Ok(match (&args.prompt_ids, &args.prompt) {
         (Some(ids), None) => ids.clone(),
         (None, Some(text)) => {
-            let tok = tokenizer
-                .as_ref()
-                .context("the model folder has no tokenizer.json; pass --prompt-ids")?;
+            let tok =
+                tokenizer.context("the model folder has no tokenizer.json; pass --prompt-ids")?;
             if args.chat {
                 let msgs = serde_json::json!([{"role": "user", "content": text}]);
                 let opts = ChatOptions {
@@ -77,28 +67,47 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         }
         (Some(_), Some(_)) => bail!("give either a prompt text or --prompt-ids, not both"),
         (None, None) => bail!("give a prompt text or --prompt-ids"),
-    };
+    })
+}
+
+/// End-of-sequence ids of the checkpoint's generation config, model config and tokenizer.
+fn stop_ids(policy: &Policy, tokenizer: Option<&Arc<Tokenizer>>) -> Vec<u32> {
     let mut stop: Vec<u32> = policy.generation_config().eos_token_ids.clone();
     stop.extend(policy.config().eos_token_ids.iter().copied());
-    if let Some(id) = tokenizer.as_ref().and_then(|t| t.eos_token_id()) {
+    if let Some(id) = tokenizer.and_then(|t| t.eos_token_id()) {
         stop.push(id);
     }
     stop.sort_unstable();
     stop.dedup();
-    let sampling = SamplingParams {
-        temperature: args.temperature,
-        top_p: args.top_p,
-        top_k: args.top_k,
-        seed: args.seed,
+    stop
+}
+
+pub fn run(args: &GenerateArgs) -> Result<()> {
+    let device = mtrl_model::parse_device(&args.device)?;
+    let dtype = mtrl_model::parse_dtype(&args.dtype)?;
+    let policy = Policy::load(&args.model, dtype, &device)
+        .with_context(|| format!("loading model from {}", args.model.display()))?;
+    let tokenizer = if args.model.join("tokenizer.json").exists() {
+        let t = Tokenizer::from_dir(&args.model)?;
+        t.check_vocab(policy.config().vocab_size)?;
+        Some(Arc::new(t))
+    } else {
+        None
     };
-    let mut engine = Engine::new(policy, tokenizer.clone(), 0, 1);
+    let prompt = prompt_ids(args, tokenizer.as_ref())?;
     let req = GenerationRequest {
         prompt: prompt.clone(),
-        sampling,
+        sampling: SamplingParams {
+            temperature: args.temperature,
+            top_p: args.top_p,
+            top_k: args.top_k,
+            seed: args.seed,
+        },
         max_new_tokens: args.max_new_tokens,
-        stop_token_ids: stop,
+        stop_token_ids: stop_ids(&policy, tokenizer.as_ref()),
         stop_strings: vec![],
     };
+    let mut engine = Engine::new(policy, tokenizer.clone(), 0, 1);
     let Some(c) = engine.generate(vec![req])?.into_iter().next() else {
         bail!("the engine returned no completion")
     };
@@ -115,11 +124,11 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
             "text": text,
         });
         println!("{out}");
-    } else {
-        match text {
-            Some(t) => println!("{t}"),
-            None => println!("{:?}", c.tokens),
-        }
+        return Ok(());
+    }
+    match text {
+        Some(t) => println!("{t}"),
+        None => println!("{:?}", c.tokens),
     }
     Ok(())
 }

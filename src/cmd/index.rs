@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
-use super::common::{load_config, open_index, print_build_report};
+use mtrl_train::setup::open_index;
+
+use super::common::load_config;
 
 #[derive(clap::Args, Debug)]
 pub struct IndexArgs {
@@ -22,7 +24,7 @@ pub fn run(args: &IndexArgs) -> Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print_build_report(&report);
+        eprintln!("{report}");
         println!("index ready in {}", cfg.search()?.index_dir.display());
     }
     Ok(())

@@ -18,4 +18,3 @@ pub mod search_eval;
 pub mod selftest;
 pub mod sft;
 pub mod train;
-pub mod warm_start;

@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
-use super::common::{load_config, open_index};
+use mtrl_train::setup::open_index;
+
+use super::common::load_config;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tool {

@@ -1,4 +1,4 @@
-//! Errors of configuration loading and validation.
+//! Errors of configuration loading and validation, and of reading run records.
 
 use std::path::PathBuf;
 
@@ -28,4 +28,18 @@ pub enum CoreError {
     /// A command needs a section the config does not have.
     #[error("config file {path} has no [{section}] section, which this command needs")]
     MissingSection { path: PathBuf, section: String },
+    /// A run-record file (metrics, SFT records) could not be read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A line of a run-record file is malformed or of another format version.
+    #[error("{path}:{line}: {message}")]
+    Record {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
 }

@@ -1,6 +1,8 @@
 //! Shared vocabulary of mtrl: configuration specs and their validation, the error type every
 //! other crate can wrap, chat messages with the [`ChatCodec`] seam between environment and
-//! tokenizer, and the [`Trajectory`] record that rollout and learner exchange.
+//! tokenizer, the [`Trajectory`] record that rollout and learner exchange, the typed run records
+//! ([`StepRecord`], [`SftRecord`]) that training writes and plots read, and the one seeded-random
+//! module ([`rng`]).
 //!
 //! Configuration is two-stage (ripgrep style): a TOML file is parsed into `*Spec` structs that mirror
 //! the file one-to-one (`deny_unknown_fields`, so a mistyped key is an error naming the key and the
@@ -13,6 +15,8 @@
 pub mod chat;
 pub mod config;
 pub mod error;
+pub mod record;
+pub mod rng;
 pub mod trajectory;
 
 pub use chat::{ChatCodec, CodecError, Message, Role, ToolCall};
@@ -21,4 +25,5 @@ pub use config::{
 };
 pub use config::{Config, DataConfig, EnvConfig, SearchConfig};
 pub use error::{CoreError, Result};
+pub use record::{read_jsonl, SftRecord, StepRecord, Versioned};
 pub use trajectory::{FailureReason, ToolStats, Trajectory, TRAJECTORY_FORMAT_VERSION};

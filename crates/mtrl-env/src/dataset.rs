@@ -14,9 +14,9 @@ use mtrl_core::DataConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EnvError, Result};
-use crate::rng::{hash_str, mix, permutation, SplitMix64};
 use crate::task::Task;
 use crate::tasks::{load_tasks, LoadReport};
+use mtrl_core::rng::{hash_str, mix, permutation, SplitMix64};
 
 /// Splits `tasks` into (train, validation) by a hash of each id.
 pub fn hold_out(tasks: Vec<Task>, fraction: f64, seed: u64) -> (Vec<Task>, Vec<Task>) {

@@ -25,7 +25,6 @@ pub mod error;
 pub mod parser;
 pub mod prompt;
 pub mod reward;
-pub mod rng;
 pub mod scripted;
 pub mod search_env;
 pub mod shortcuts;

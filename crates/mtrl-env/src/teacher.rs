@@ -23,9 +23,9 @@ use serde_json::{json, Value};
 use crate::env::{Action, Agent, Observation};
 use crate::error::{EnvError, Result};
 use crate::parser::format_tool_call;
-use crate::rng::{hash_str, SplitMix64};
 use crate::scripted::hit_ids;
 use crate::search_env::last_tool_results;
+use mtrl_core::rng::{hash_str, SplitMix64};
 
 /// The teacher's flaws and sizes.
 #[derive(Debug, Clone, PartialEq)]

@@ -2,8 +2,8 @@
 //! it never panics, returns one entry per opening tag, every accepted call has a non-empty name
 //! and object arguments, and well-formed calls round-trip exactly.
 
+use mtrl_core::rng::SplitMix64;
 use mtrl_env::parser::{format_tool_call, parse_tool_calls, CLOSE, OPEN};
-use mtrl_env::rng::SplitMix64;
 use mtrl_env::ToolCall;
 use serde_json::{json, Value};
 

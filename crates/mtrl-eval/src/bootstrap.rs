@@ -6,7 +6,7 @@
 //! the interval is the percentile interval of those means (nearest-rank percentiles). Pairing by
 //! task removes the between-task variance that two independent samples would carry.
 
-use mtrl_env::rng::SplitMix64;
+use mtrl_core::rng::SplitMix64;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EvalError, Result};

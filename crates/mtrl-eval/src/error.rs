@@ -20,6 +20,12 @@ pub enum EvalError {
     /// A test task file that cannot be evaluated (unreadable, a bad row, a task without qrels).
     #[error("{path}: {message}")]
     TestFile { path: PathBuf, message: String },
+    /// Reading run records (`metrics.jsonl`; the message names the file and line).
+    #[error(transparent)]
+    Core(#[from] mtrl_core::CoreError),
+    /// Opening or querying a search index.
+    #[error(transparent)]
+    Search(#[from] mtrl_search::SearchError),
     /// Reading task files (the message names the file and row).
     #[error(transparent)]
     Env(#[from] mtrl_env::EnvError),

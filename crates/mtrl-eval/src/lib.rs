@@ -18,6 +18,7 @@
 //! counted); [`inspect`] renders a run's logs turn by turn for `mtrl inspect`; [`plot`] draws
 //! `metrics.jsonl` and evaluation reports as a PNG with an embedded font (`mtrl plot`).
 
+pub mod bench_search;
 pub mod bootstrap;
 pub mod error;
 pub mod inspect;

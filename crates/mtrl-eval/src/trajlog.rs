@@ -36,7 +36,6 @@ use crate::error::{EvalError, Result};
 mod read;
 mod record;
 
-pub(crate) use read::for_lines;
 pub use read::{read_file, read_run, trajectory_files, RunLog};
 pub use record::{
     At, Kind, TokenCounts, TrajectoryRecord, VersionRange, FILE_PREFIX, TRAJLOG_FORMAT_VERSION,

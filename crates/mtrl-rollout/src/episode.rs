@@ -19,18 +19,7 @@ use mtrl_model::{GenerationRequest, SamplingParams};
 use crate::engine_thread::GenClient;
 use crate::error::{Result, RolloutError};
 
-/// SplitMix64 finaliser.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// The sampling seed of one generation.
-pub fn sample_seed(seed: u64, group: u64, sample: u64, turn: u64) -> u64 {
-    mix(mix(mix(mix(seed) ^ group) ^ sample) ^ turn)
-}
+pub use mtrl_core::rng::sample_seed;
 
 /// Time spent in the environment (tools, tokenization, reward), in nanoseconds.
 #[derive(Debug, Default)]
@@ -138,24 +127,4 @@ fn record(traj: &Trajectory) {
             .increment(u64::from(*n));
     }
     metrics::counter!("mtrl_rollout_tool_errors_total").increment(u64::from(traj.tools.errors));
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn seeds_differ_by_every_coordinate() {
-        let s = sample_seed(0, 1, 2, 3);
-        assert_eq!(s, sample_seed(0, 1, 2, 3));
-        for other in [
-            sample_seed(1, 1, 2, 3),
-            sample_seed(0, 2, 2, 3),
-            sample_seed(0, 1, 3, 3),
-            sample_seed(0, 1, 2, 4),
-            sample_seed(0, 2, 1, 3),
-        ] {
-            assert_ne!(s, other);
-        }
-    }
 }

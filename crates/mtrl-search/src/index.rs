@@ -80,6 +80,36 @@ pub struct BuildReport {
     pub embedder: String,
 }
 
+impl std::fmt::Display for BuildReport {
+    /// What was ingested (and skipped) and which parts were reused or rebuilt, as lines.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "corpus {}: {} documents, embedder {}",
+            self.corpus.display(),
+            self.docs,
+            self.embedder
+        )?;
+        if self.ingest.skipped > 0 {
+            write!(
+                f,
+                "\n  skipped {} bad rows (skip_bad_rows = true):",
+                self.ingest.skipped
+            )?;
+            for (line, why) in &self.ingest.examples {
+                write!(f, "\n    line {line}: {why}")?;
+            }
+        }
+        for p in &self.parts {
+            match &p.reason {
+                None => write!(f, "\n  {:<10} reused", p.part)?,
+                Some(why) => write!(f, "\n  {:<10} built in {:.2}s ({why})", p.part, p.seconds)?,
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Both retrieval tools over one corpus.
 pub struct SearchIndex {
     corpus: Arc<Corpus>,

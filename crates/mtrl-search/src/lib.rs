@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod qrels;
 pub mod queries;
 mod readers;
+pub mod tool_eval;
 pub mod vector;
 
 use serde::Serialize;

@@ -1,5 +1,5 @@
-//! The curves of a run: training metrics per step from `<run>/metrics.jsonl`, validation from its
-//! `val_*` keys, and evaluation reports from `<run>/eval/*.json` and `<run>/eval/*/eval.json`.
+//! The curves of a run: training metrics per step from `<run>/metrics.jsonl` (typed
+//! [`StepRecord`]s), validation from their `val_*` fields, and evaluation reports from `<run>/eval/*.json` and `<run>/eval/*/eval.json`.
 //!
 //! An evaluation whose label or source names a step (`step-40`, `step 40`, or a bare number) is
 //! a validation point at that step; one that does not (a base model, a baseline) is drawn as a
@@ -11,9 +11,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use mtrl_core::{read_jsonl, StepRecord};
+
 use crate::error::{EvalError, Result};
 use crate::report::REPORT_FORMAT_VERSION;
-use crate::trajlog::for_lines;
 
 /// A figure drawn per step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -29,15 +30,15 @@ pub enum Metric {
 }
 
 impl Metric {
-    /// Keys a metrics line or evaluation summary may use for this figure.
+    /// The key of this figure in an evaluation summary (`mtrl_eval::Summary`; step records
+    /// are typed and need no keys).
     fn keys(&self) -> &'static [&'static str] {
         match self {
-            Metric::Reward => &["reward_mean", "reward"],
-            Metric::Ndcg => &["ndcg@10", "ndcg_at_10", "ndcg_mean", "ndcg"],
-            Metric::FailureRate => &["failure_rate", "fail_rate"],
-            Metric::Turns => &["turns_mean", "turns"],
-            Metric::Staleness => &["staleness_mean", "staleness"],
-            Metric::StalenessMax => &["staleness_max"],
+            Metric::Reward => &["reward"],
+            Metric::Ndcg => &["ndcg_at_10"],
+            Metric::FailureRate => &["fail_rate"],
+            Metric::Turns => &["turns"],
+            Metric::Staleness | Metric::StalenessMax => &[],
         }
     }
 
@@ -77,67 +78,37 @@ fn number(obj: &serde_json::Map<String, Value>, keys: &[&str]) -> Option<f64> {
         .filter(|v| v.is_finite())
 }
 
-/// Mean and largest lag of a `staleness_counts` histogram (`counts[lag]`).
-fn lag_stats(counts: &[Value]) -> Option<(f64, f64)> {
-    let counts: Vec<f64> = counts.iter().map(|c| c.as_f64().unwrap_or(0.0)).collect();
-    let n: f64 = counts.iter().sum();
-    if n <= 0.0 {
-        return None;
-    }
-    let mean = counts
-        .iter()
-        .enumerate()
-        .map(|(l, c)| l as f64 * c)
-        .sum::<f64>()
-        / n;
-    let max = counts.iter().rposition(|c| *c > 0.0).unwrap_or(0) as f64;
-    Some((mean, max))
-}
-
-/// Reads `metrics.jsonl` into training and validation series.
+/// Reads `metrics.jsonl` (typed [`StepRecord`] lines of this build's format version) into
+/// training and validation series.
 fn read_metrics(path: &Path, curves: &mut RunCurves) -> Result<()> {
     let mut val = Series::new();
-    for_lines(path, |n, line| {
-        let bad = |what: String| EvalError::Invalid(format!("{}:{n}: {what}", path.display()));
-        let v: Value = serde_json::from_str(line).map_err(|e| bad(format!("not JSON: {e}")))?;
-        let obj = v
-            .as_object()
-            .ok_or_else(|| bad("not a JSON object".into()))?;
-        let step = obj
-            .get("step")
-            .and_then(Value::as_f64)
-            .ok_or_else(|| bad("missing numeric key `step`".into()))?;
-        for m in Metric::SCORES {
-            if let Some(x) = number(obj, m.keys()) {
+    for r in read_jsonl::<StepRecord>(path)? {
+        let step = r.step as f64;
+        let train = [
+            (Metric::Reward, Some(r.reward_mean)),
+            (Metric::Ndcg, Some(r.ndcg_at_10)),
+            (Metric::FailureRate, Some(r.failure_rate)),
+            (Metric::Turns, Some(r.turns_mean)),
+            (Metric::Staleness, r.lag_stats().map(|l| l.0)),
+            (Metric::StalenessMax, r.lag_stats().map(|l| l.1)),
+        ];
+        for (m, x) in train {
+            if let Some(x) = x.filter(|x| x.is_finite()) {
                 curves.train.entry(m).or_default().push((step, x));
             }
-            let val_keys: Vec<String> = m
-                .keys()
-                .iter()
-                .flat_map(|k| [format!("val_{k}"), format!("validation_{k}")])
-                .collect();
-            let val_keys: Vec<&str> = val_keys.iter().map(String::as_str).collect();
-            if let Some(x) = number(obj, &val_keys) {
+        }
+        let validation = [
+            (Metric::Reward, r.val_reward_mean),
+            (Metric::Ndcg, r.val_ndcg_at_10),
+            (Metric::FailureRate, r.val_failure_rate),
+            (Metric::Turns, r.val_turns_mean),
+        ];
+        for (m, x) in validation {
+            if let Some(x) = x.filter(|x| x.is_finite()) {
                 val.entry(m).or_default().push((step, x));
             }
         }
-        let lags = obj
-            .get("staleness_counts")
-            .and_then(Value::as_array)
-            .and_then(|c| lag_stats(c));
-        let mean = lags
-            .map(|l| l.0)
-            .or_else(|| number(obj, Metric::Staleness.keys()));
-        let max = lags
-            .map(|l| l.1)
-            .or_else(|| number(obj, Metric::StalenessMax.keys()));
-        for (m, x) in [(Metric::Staleness, mean), (Metric::StalenessMax, max)] {
-            if let Some(x) = x {
-                curves.train.entry(m).or_default().push((step, x));
-            }
-        }
-        Ok(())
-    })?;
+    }
     if !val.is_empty() {
         curves.val.insert("validation".into(), val);
     }

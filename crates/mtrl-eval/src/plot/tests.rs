@@ -1,5 +1,6 @@
 //! Curves read from a synthetic run folder, the PNG written, and bad input.
 
+use mtrl_core::StepRecord;
 use serde_json::json;
 
 use super::*;
@@ -9,15 +10,20 @@ fn write_run(dir: &Path, steps: u64) {
     let mut lines = String::new();
     for s in 1..=steps {
         let r = 0.2 + 0.6 * (s as f64 / steps as f64) + 0.05 * ((s * 7 % 5) as f64 - 2.0);
-        let mut v = json!({
-            "step": s, "reward_mean": r, "ndcg@10": r.max(0.0), "failure_rate": 0.5 / s as f64,
-            "turns_mean": 3.0 - s as f64 / steps as f64, "staleness_counts": [3, 4, 1],
-        });
+        let mut v = StepRecord {
+            step: s,
+            reward_mean: r,
+            ndcg_at_10: r.max(0.0),
+            failure_rate: 0.5 / s as f64,
+            turns_mean: 3.0 - s as f64 / steps as f64,
+            staleness_counts: vec![3, 4, 1],
+            ..StepRecord::default()
+        };
         if s % 10 == 0 {
-            v["val_reward_mean"] = json!(r - 0.1);
-            v["val_ndcg@10"] = json!(r - 0.05);
+            v.val_reward_mean = Some(r - 0.1);
+            v.val_ndcg_at_10 = Some(r - 0.05);
         }
-        lines.push_str(&format!("{v}\n"));
+        lines.push_str(&format!("{}\n", serde_json::to_string(&v).unwrap()));
     }
     std::fs::write(dir.join("metrics.jsonl"), lines).unwrap();
 }
@@ -74,9 +80,14 @@ fn reads_train_validation_and_evaluations() {
 #[test]
 fn a_short_run_and_missing_panels_still_draw() {
     let dir = tempfile::tempdir().unwrap();
+    let one = StepRecord {
+        step: 1,
+        reward_mean: 0.5,
+        ..StepRecord::default()
+    };
     std::fs::write(
         dir.path().join("metrics.jsonl"),
-        "{\"step\": 1, \"reward_mean\": 0.5}\n",
+        format!("{}\n", serde_json::to_string(&one).unwrap()),
     )
     .unwrap();
     let paths = plot_run(dir.path(), dir.path()).unwrap();
@@ -94,16 +105,36 @@ fn bad_input_names_the_path() {
     );
     let msg = read_curves(dir.path()).unwrap_err().to_string();
     assert!(msg.contains("nothing to plot"), "{msg}");
-    std::fs::write(dir.path().join("metrics.jsonl"), "{\"step\": 1}\n{oops\n").unwrap();
+    let good = serde_json::to_string(&StepRecord::default()).unwrap();
+    std::fs::write(
+        dir.path().join("metrics.jsonl"),
+        format!("{good}\n{{oops\n"),
+    )
+    .unwrap();
     let msg = read_curves(dir.path()).unwrap_err().to_string();
     assert!(
         msg.contains("metrics.jsonl:2") && msg.contains("not JSON"),
         "{msg}"
     );
-    std::fs::write(dir.path().join("metrics.jsonl"), "{\"reward_mean\": 1}\n").unwrap();
+    std::fs::write(
+        dir.path().join("metrics.jsonl"),
+        "{\"format_version\": 1, \"reward_mean\": 1}\n",
+    )
+    .unwrap();
     let msg = read_curves(dir.path()).unwrap_err().to_string();
     assert!(
         msg.contains("metrics.jsonl:1") && msg.contains("`step`"),
+        "{msg}"
+    );
+    // A line of another format version is refused, naming the line.
+    std::fs::write(
+        dir.path().join("metrics.jsonl"),
+        "{\"format_version\": 0, \"step\": 1}\n",
+    )
+    .unwrap();
+    let msg = read_curves(dir.path()).unwrap_err().to_string();
+    assert!(
+        msg.contains("metrics.jsonl:1") && msg.contains("format_version 0"),
         "{msg}"
     );
 }

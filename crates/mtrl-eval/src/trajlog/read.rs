@@ -188,7 +188,7 @@ pub(crate) fn parse_line(path: &Path, line_no: usize, line: &str) -> Result<Traj
 }
 
 /// Iterates the non-empty lines of a file with 1-based numbers.
-pub(crate) fn for_lines(path: &Path, mut f: impl FnMut(usize, &str) -> Result<()>) -> Result<()> {
+fn for_lines(path: &Path, mut f: impl FnMut(usize, &str) -> Result<()>) -> Result<()> {
     let io = |source| EvalError::Io {
         path: path.to_path_buf(),
         source,

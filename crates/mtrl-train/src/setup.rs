@@ -1,21 +1,25 @@
 //! Building the pieces of a training run from a validated config: device, tokenizer and codec,
-//! the initial (or seeded random) policy, task mixers, the environment factory, the step config,
-//! and the resume keys.
+//! the initial (or seeded random) policy, task mixers, the search index, the environment factory
+//! and the step config.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use mtrl_core::config::{EnvironmentKind, LrScheduleKind, ModelSource};
+use mtrl_core::rng::SplitMix64;
 use mtrl_core::{ChatCodec, Config};
-use mtrl_env::rng::{hash_str, SplitMix64};
 use mtrl_env::{Mixer, SearchEnv, TaskSets};
 use mtrl_learner::{Decay, LrSchedule, StepConfig};
 use mtrl_model::policy::parameter_shapes;
 use mtrl_model::{Policy, TemplateCodec, Tokenizer};
 use mtrl_rollout::{EnvFactory, PickEnv};
+use mtrl_search::index::BuildReport;
+use mtrl_search::SearchIndex;
+
+use crate::bail;
+use crate::error::{Context, Result};
+use crate::telemetry::IndexBar;
 
 /// The architecture of `random:tiny` (the tiny Qwen3 of the test fixtures, vocabulary 2000).
 const TINY: &str = r#"{"architectures":["Qwen3ForCausalLM"],"attention_bias":false,
@@ -173,7 +177,7 @@ pub fn env_factory(
             Arc::new(move || Ok(Box::new(PickEnv::new(codec.clone(), cands.clone(), fail)?) as _))
         }
         EnvironmentKind::Search => {
-            let (index, _) = crate::cmd::common::open_index(cfg, quiet)?;
+            let (index, _) = open_index(cfg, quiet)?;
             let index = Arc::new(index);
             SearchEnv::standard(env_cfg.clone(), index.clone())?;
             Arc::new(move || {
@@ -219,38 +223,11 @@ pub fn step_config(cfg: &Config, total_steps: u64) -> Result<StepConfig> {
     )?)
 }
 
-/// Config values a resume must not change, by key.
-pub fn resume_keys(cfg: &Config) -> BTreeMap<String, String> {
-    let mut k = BTreeMap::new();
-    if let Some(m) = &cfg.model {
-        k.insert("model.path".into(), m.path_text.clone());
-    }
-    if let Some(d) = &cfg.data {
-        let train: Vec<String> = d
-            .train
-            .iter()
-            .map(|t| format!("{}@{}", t.path.display(), t.weight))
-            .collect();
-        k.insert("data.train".into(), train.join(", "));
-        k.insert("data.seed".into(), d.seed.to_string());
-    }
-    k.insert(
-        "rollout.group_size".into(),
-        cfg.rollout.group_size.to_string(),
-    );
-    k.insert(
-        "rollout.environment".into(),
-        cfg.rollout.environment.as_str().into(),
-    );
-    k.insert(
-        "train.global_batch_size".into(),
-        cfg.train.global_batch_size.to_string(),
-    );
-    k
-}
-
-/// A stable hash of the config file's text.
-pub fn config_hash(cfg: &Config) -> String {
-    let text = std::fs::read_to_string(&cfg.source).unwrap_or_default();
-    format!("{:016x}", hash_str(0, &text))
+/// Opens (building as needed) the index of the config's `[search]` section; a bar on stderr
+/// unless `quiet`.
+pub fn open_index(cfg: &Config, quiet: bool) -> Result<(SearchIndex, BuildReport)> {
+    let search = cfg.search()?;
+    let mut bar = IndexBar::new(quiet);
+    SearchIndex::open_or_build(search, &mut bar)
+        .with_context(|| format!("cannot open the search index for {}", cfg.source.display()))
 }

@@ -122,16 +122,16 @@ fn transport(what: &str, e: ureq::Error) -> CallError {
 
 impl Client {
     /// `url` is the server's base URL (`http://host:port`); `timeout` bounds each JSON call.
-    pub fn new(url: &str, timeout: Duration) -> anyhow::Result<Client> {
+    pub fn new(url: &str, timeout: Duration) -> crate::Result<Client> {
         let base = url.trim_end_matches('/').to_string();
         if base.starts_with("https://") {
             if !cfg!(feature = "mlflow-tls") {
-                anyhow::bail!(
+                crate::bail!(
                     "MLflow tracking URI `{url}` is https: build mtrl with `--features mlflow-tls`"
                 );
             }
         } else if !base.starts_with("http://") {
-            anyhow::bail!("MLflow tracking URI `{url}` must start with http:// or https://");
+            crate::bail!("MLflow tracking URI `{url}` must start with http:// or https://");
         }
         let config = ureq::Agent::config_builder()
             .http_status_as_error(false)

@@ -11,14 +11,15 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
 use mtrl_core::config::WarmStartConfig;
+use mtrl_core::rng::hash_str;
 use mtrl_core::{Config, EnvConfig, Trajectory};
-use mtrl_env::rng::hash_str;
 use mtrl_env::{run_episode, SearchEnv, SearchTask, Task, Teacher, TeacherSpec};
 use mtrl_model::{ChatOptions, ChatTemplate, TokenizerTraining};
 use mtrl_search::SearchIndex;
 use serde_json::Value;
+
+use crate::error::{Context, Result};
 
 /// ChatML with a one-line-per-tool list (see the module docs).
 pub const COMPACT_CHAT_TEMPLATE: &str = r#"{%- if tools %}{{- '<|im_start|>system\n' }}{%- if messages[0].role == 'system' %}{{- messages[0].content + '\n' }}{%- endif %}{{- '# Tools\n' }}{%- for tool in tools %}{%- set f = tool.function if tool.function is defined else tool %}{{- '- ' + f.name + '(' + (f.parameters.properties | list | join(', ')) + ')\n' }}{%- endfor %}{{- '<|im_end|>\n' }}{%- else %}{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}{%- endif %}{%- endif %}{%- for message in messages %}{%- if message.role == 'system' %}{%- if not loop.first %}{{- '<|im_start|>system\n' + message.content + '<|im_end|>\n' }}{%- endif %}{%- elif message.role == 'user' %}{{- '<|im_start|>user\n' + message.content + '<|im_end|>\n' }}{%- elif message.role == 'assistant' %}{{- '<|im_start|>assistant\n' }}{%- if message.content is defined and message.content is string and message.content %}{{- message.content }}{%- elif message.tool_calls is defined and message.tool_calls %}{%- for tool_call in message.tool_calls %}{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}{%- if not loop.first %}{{- '\n' }}{%- endif %}{{- '<tool_call>\n{"name": "' + tool_call.name + '", "arguments": ' }}{%- if tool_call.arguments is string %}{{- tool_call.arguments }}{%- else %}{{- tool_call.arguments | tojson }}{%- endif %}{{- '}\n</tool_call>' }}{%- endfor %}{%- endif %}{{- '<|im_end|>\n' }}{%- elif message.role == 'tool' %}{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}{{- '\n<tool_response>\n' + message.content + '\n</tool_response>' }}{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"#;

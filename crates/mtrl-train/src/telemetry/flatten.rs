@@ -37,11 +37,11 @@ fn walk_toml(prefix: &str, v: &toml::Value, out: &mut Vec<(String, String)>) {
 }
 
 /// Every number in `rec`, keyed by its path (`failures.no_answer`, `staleness_counts.0`);
-/// `step` itself is left out (it is the metric's step), booleans and strings are skipped.
+/// `step` itself is left out (it is the metric's step), and so is `format_version`; booleans and strings are skipped.
 pub fn numeric_leaves(rec: &Value) -> Vec<(String, f64)> {
     let mut out = Vec::new();
     walk_json("", rec, &mut out);
-    out.retain(|(k, _)| k != "step");
+    out.retain(|(k, _)| k != "step" && k != "format_version");
     out
 }
 

@@ -178,13 +178,12 @@ pub struct Tracker {
 impl Tracker {
     /// Starts logging a new run of `experiment` with default [`Options`]; errors only for a URL
     /// that cannot work (not http/https).
-    #[allow(dead_code)] // API for other commands (eval, demo); tests/mlflow.rs uses it
     pub fn start(
         url: &str,
         experiment: &str,
         run_name: &str,
         params: Vec<(String, String)>,
-    ) -> anyhow::Result<Tracker> {
+    ) -> crate::Result<Tracker> {
         let spec = RunSpec {
             url: url.to_string(),
             experiment: experiment.to_string(),
@@ -195,7 +194,7 @@ impl Tracker {
         Tracker::start_with(spec, Options::default())
     }
 
-    pub fn start_with(spec: RunSpec, options: Options) -> anyhow::Result<Tracker> {
+    pub fn start_with(spec: RunSpec, options: Options) -> crate::Result<Tracker> {
         let client = Client::new(&spec.url, options.request_timeout)?;
         let (tx, rx) = crossbeam_channel::bounded(options.queue.max(1));
         let (done_tx, done) = crossbeam_channel::bounded(1);

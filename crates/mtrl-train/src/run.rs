@@ -1,0 +1,461 @@
+//! An RL run with asynchronous rollouts: [`train`] runs (or resumes) a run to its planned step.
+//!
+//! Wiring (the only place rollout and learner meet): the rollout side (`mtrl-rollout`: engine
+//! thread + tokio scheduler + episodes) sends finished groups on a bounded crossbeam channel;
+//! the calling thread is the learner: it takes batch k = groups `k·B .. (k+1)·B` in admission
+//! order ([`mtrl_rollout::InOrder`]), runs `mtrl_learner::Learner::step`, and hands the new
+//! weights (device-side copies) back through [`mtrl_rollout::Rollout::publish`], which bumps the
+//! version the admission gate sees. Every `checkpoint.every_steps` steps, at the end, and when
+//! [`TrainOptions::stop`] is raised (Ctrl-C / SIGTERM with `watch_signals`), the state is
+//! checkpointed (atomically); a rerun resumes from the newest valid one.
+//!
+//! Bitwise reproducibility (CPU, f32, η = 0): sampling seeds are derived from (seed, group,
+//! sample, turn); batches are assembled in admission order; the learner step is deterministic;
+//! the dataset cursor after k·B draws is saved. What can break it: decode batches whose
+//! composition differs between runs (several multi-token sequences in flight at once) may change
+//! logits in the last bits; `rollout_max_concurrency = 1` (or one-token episodes, as the `pick`
+//! task's) rules that out.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mtrl_core::record::parse_line;
+use mtrl_core::{Config, StepRecord};
+use mtrl_learner::{AdamW, AdamWConfig, CheckpointManager, Learner, TrainerState};
+use mtrl_model::{Engine, Policy, SamplingParams};
+use mtrl_rollout::{InOrder, Rollout, RolloutError, RolloutSettings};
+use serde_json::{json, Value};
+
+use crate::error::{Context, Result, TrainError};
+use crate::resume::{self, metrics_path};
+use crate::setup::{self, ModelParts};
+use crate::step_record::{step_record, Timing};
+use crate::telemetry::{JsonlSink, MlflowSink, ProgressSink, PrometheusSink, Record, RunStatus};
+use crate::telemetry::{Sink, Telemetry};
+
+/// How to run: what the command line says, without its types.
+pub struct TrainOptions {
+    /// Start from scratch: earlier checkpoints and metrics are moved aside, never deleted.
+    pub fresh: bool,
+    /// Stop after this step (the LR schedule still follows the config's length).
+    pub max_steps: Option<u64>,
+    /// Progress bars on stderr (index build, steps).
+    pub progress: bool,
+    /// Raised from outside to stop the run: it checkpoints and returns (interrupted).
+    pub stop: Arc<AtomicBool>,
+    /// Raise `stop` on Ctrl-C and SIGTERM (a front end's choice: a test process keeps its
+    /// signal handling).
+    pub watch_signals: bool,
+    /// Sinks beyond the ones the config asks for (records in memory, a front end's display).
+    pub sinks: Vec<Box<dyn Sink>>,
+}
+
+impl Default for TrainOptions {
+    fn default() -> TrainOptions {
+        TrainOptions {
+            fresh: false,
+            max_steps: None,
+            progress: false,
+            stop: Arc::new(AtomicBool::new(false)),
+            watch_signals: false,
+            sinks: Vec::new(),
+        }
+    }
+}
+
+/// What a run did.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    pub steps_done: u64,
+    pub resumed_from: Option<u64>,
+    pub interrupted: bool,
+    /// The steps this process ran.
+    pub records: Vec<StepRecord>,
+    pub wall_s: f64,
+    /// `{prometheus, mlflow: {sent, retried, dropped, …}}` (see [`crate::telemetry`]).
+    pub telemetry: Value,
+    pub checkpoint_dir: PathBuf,
+}
+
+impl Summary {
+    /// The JSON `mtrl train` prints.
+    pub fn to_json(&self) -> Value {
+        let last: Vec<f64> = self
+            .records
+            .iter()
+            .rev()
+            .take(5)
+            .map(|r| r.reward_mean)
+            .collect();
+        json!({
+            "steps": self.steps_done,
+            "resumed_from": self.resumed_from,
+            "interrupted": self.interrupted,
+            "wall_s": self.wall_s,
+            "reward_mean_last5": last.iter().sum::<f64>() / last.len().max(1) as f64,
+            "checkpoint_dir": self.checkpoint_dir,
+            "telemetry": self.telemetry,
+        })
+    }
+}
+
+/// Where a run starts: a fresh policy and optimizer, or a checkpoint's.
+struct Start {
+    state: TrainerState,
+    /// The mixer that mirrors the trained batches (its cursor is checkpointed).
+    shadow: mtrl_env::Mixer,
+    /// The mixer rollouts draw from (ahead of `shadow` by the batches in flight).
+    mixer: mtrl_env::Mixer,
+    resumed_from: Option<u64>,
+}
+
+/// The step records of a checkpoint's trainer state, refused when of another format version.
+fn history(st: &TrainerState, ckpt: &Path) -> Result<Vec<StepRecord>> {
+    st.metrics
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            parse_line::<StepRecord>(&v.to_string()).map_err(|m| {
+                TrainError::msg(format!(
+                    "{}: step record {} of trainer.json: {m}; resume with the mtrl that wrote \
+                     it, or pass --fresh",
+                    ckpt.display(),
+                    i + 1
+                ))
+            })
+        })
+        .collect()
+}
+
+fn start(
+    cfg: &Config,
+    parts: &ModelParts,
+    data: &setup::Data,
+    latest: Option<&Path>,
+) -> Result<(Start, Policy, AdamW)> {
+    let mut state = TrainerState {
+        config_hash: resume::config_hash(cfg),
+        resume_keys: resume::resume_keys(cfg),
+        ..TrainerState::default()
+    };
+    let (mut shadow, mut mixer) = (data.mixer()?, data.mixer()?);
+    let Some(ckpt) = latest else {
+        let opt = AdamW::new(AdamWConfig {
+            weight_decay: cfg.train.weight_decay,
+            ..AdamWConfig::default()
+        });
+        let policy = setup::initial_policy(cfg, parts)?;
+        let s = Start {
+            state,
+            shadow,
+            mixer,
+            resumed_from: None,
+        };
+        return Ok((s, policy, opt));
+    };
+    let st = CheckpointManager::load_state(ckpt)?;
+    resume::check_resume_keys(cfg, &st, ckpt)?;
+    // The initial policy is still loaded: it checks that the tokenizer fits the architecture.
+    drop(setup::initial_policy(cfg, parts)?);
+    let policy = Policy::load(&ckpt.join("policy"), parts.dtype, &parts.device)
+        .with_context(|| format!("loading the policy of {}", ckpt.display()))?;
+    let opt = AdamW::load(ckpt, &parts.device)?;
+    let cursor = serde_json::from_value(st.data_cursor.clone())
+        .with_context(|| format!("the dataset cursor of {}", ckpt.display()))?;
+    shadow.restore(cursor)?;
+    mixer.restore(shadow.cursor())?;
+    eprintln!("resuming from {} (step {})", ckpt.display(), st.step);
+    // Refuse a history this build cannot write back as typed records.
+    history(&st, ckpt)?;
+    state.step = st.step;
+    state.policy_version = st.policy_version;
+    state.metrics = st.metrics;
+    let s = Start {
+        state,
+        shadow,
+        mixer,
+        resumed_from: Some(st.step),
+    };
+    Ok((s, policy, opt))
+}
+
+/// The config's sinks (JSONL always; Prometheus and MLflow as `[logging]` says; the bar when
+/// asked) plus the caller's.
+fn telemetry(cfg: &Config, opts: &mut TrainOptions, s: &Start, until: u64) -> Result<Telemetry> {
+    let mut t = Telemetry::new();
+    t.push(Box::new(JsonlSink::create(
+        &metrics_path(cfg),
+        &s.state.metrics,
+    )?));
+    if let Some(addr) = &cfg.logging.prometheus {
+        t.push(Box::new(PrometheusSink::start(addr)?));
+    }
+    let dir = &cfg.checkpoint.dir;
+    if let Some(m) = MlflowSink::start(cfg, &cfg.name, dir, s.resumed_from.is_some())? {
+        t.push(Box::new(m));
+    }
+    if opts.progress {
+        t.push(Box::new(ProgressSink::train(until, s.state.step)));
+    }
+    for sink in opts.sinks.drain(..) {
+        t.push(sink);
+    }
+    Ok(t)
+}
+
+fn rollout_settings(cfg: &Config, parts: &ModelParts, step: u64, until: u64) -> RolloutSettings {
+    let b = cfg.train.global_batch_size;
+    RolloutSettings {
+        group_size: cfg.rollout.group_size,
+        max_concurrency: cfg.rollout.rollout_max_concurrency,
+        global_batch_size: b,
+        max_staleness: cfg.algorithm.max_staleness,
+        sampling: SamplingParams {
+            temperature: cfg.rollout.temperature,
+            top_p: cfg.rollout.top_p,
+            top_k: cfg.rollout.top_k,
+            seed: 0,
+        },
+        seed: cfg.train.seed,
+        stop_token_ids: parts.codec.stop_token_ids(),
+        first_group: step * b as u64,
+        version: 0,
+        end_group: Some(until * b as u64),
+    }
+}
+
+/// Runs (or resumes) training until the planned step, `max_steps`, or `opts.stop` is raised.
+pub fn train(cfg: &Config, mut opts: TrainOptions) -> Result<Summary> {
+    let t_start = Instant::now();
+    let parts = setup::model_parts(cfg)?;
+    let data = setup::load_data(cfg)?;
+    let planned = setup::planned_steps(cfg, data.tasks);
+    let until = opts.max_steps.map_or(planned, |m| m.min(planned));
+    let mgr = CheckpointManager::new(&cfg.checkpoint.dir, cfg.checkpoint.keep_last);
+    if opts.fresh {
+        resume::clear_run(cfg, &mgr)?;
+    }
+    let (latest, rejected) = mgr.latest_valid()?;
+    for r in &rejected {
+        eprintln!(
+            "checkpoint {} is unusable ({}); trying an older one",
+            r.path.display(),
+            r.reason
+        );
+    }
+    let (s, policy, opt) = start(cfg, &parts, &data, latest.as_deref())?;
+    std::fs::create_dir_all(&cfg.checkpoint.dir)
+        .with_context(|| format!("creating {}", cfg.checkpoint.dir.display()))?;
+    let mut telemetry = telemetry(cfg, &mut opts, &s, until)?;
+    let reference = (cfg.algorithm.kl_coef > 0.0)
+        .then(|| setup::initial_policy(cfg, &parts))
+        .transpose()?;
+    let step_cfg = setup::step_config(cfg, planned)?;
+    let learner = Learner::new(policy, reference, opt, step_cfg, s.state.policy_version);
+    let mut run = Loop {
+        cfg,
+        parts: &parts,
+        mgr: &mgr,
+        learner,
+        start: s,
+        t_start,
+        until,
+        records: Vec::new(),
+    };
+    let out = run.go(&data, &opts, &mut telemetry);
+    let status = match &out {
+        Ok(true) => RunStatus::Killed,
+        Ok(false) => RunStatus::Finished,
+        Err(_) => RunStatus::Failed,
+    };
+    let telemetry = telemetry.finish(status)?;
+    let interrupted = out?;
+    if interrupted {
+        eprintln!(
+            "interrupted: checkpoint of step {} written",
+            run.start.state.step
+        );
+    }
+    Ok(Summary {
+        steps_done: run.start.state.step,
+        resumed_from: run.start.resumed_from,
+        interrupted,
+        records: run.records,
+        wall_s: t_start.elapsed().as_secs_f64(),
+        telemetry,
+        checkpoint_dir: cfg.checkpoint.dir.clone(),
+    })
+}
+
+/// The learner side of a running run.
+struct Loop<'a> {
+    cfg: &'a Config,
+    parts: &'a ModelParts,
+    mgr: &'a CheckpointManager,
+    learner: Learner,
+    start: Start,
+    t_start: Instant,
+    until: u64,
+    records: Vec<StepRecord>,
+}
+
+impl Loop<'_> {
+    /// Starts the rollouts, trains to `until`, checkpoints; `Ok(true)` when interrupted.
+    fn go(&mut self, data: &setup::Data, opts: &TrainOptions, t: &mut Telemetry) -> Result<bool> {
+        let cfg = self.cfg;
+        let engine = Engine::new(
+            setup::copy_policy(&self.learner.policy)?,
+            None,
+            self.learner.version(),
+            cfg.rollout.max_batch,
+        );
+        let envs = setup::env_factory(cfg, data, self.parts.codec.clone(), !opts.progress)?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        if opts.watch_signals {
+            watch_signals(&rt, opts.stop.clone());
+        }
+        let mut settings = rollout_settings(cfg, self.parts, self.start.state.step, self.until);
+        settings.version = self.learner.version();
+        let first_group = settings.first_group;
+        let mixer = std::mem::replace(&mut self.start.mixer, data.mixer()?);
+        let (rollout, rx) = Rollout::start(engine, envs, Box::new(mixer), settings, rt.handle())?;
+        let mut batches = InOrder::new(rx, first_group);
+        let trajs = cfg
+            .logging
+            .trajectories
+            .then(|| {
+                let o = mtrl_eval::LogOptions::from_config(&cfg.logging);
+                mtrl_eval::TrajectoryLog::open(&cfg.checkpoint.dir.join("trajectories"), o)
+            })
+            .transpose()?;
+        let mut last_saved = self.start.state.step;
+        let result = self.steps(
+            &rollout,
+            &mut batches,
+            &opts.stop,
+            t,
+            &trajs,
+            &mut last_saved,
+        );
+        match trajs.map(|t| t.close()) {
+            Some(Ok(s)) if s.dropped > 0 => eprintln!("trajectory log: {} dropped", s.dropped),
+            Some(Err(e)) => eprintln!("warning: trajectory log: {e}"),
+            _ => {}
+        }
+        let shut = rt.block_on(rollout.shutdown());
+        let interrupted = result?;
+        match shut {
+            Err(RolloutError::Cancelled) | Ok(()) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let st = self.start.state.step;
+        if st > last_saved || self.start.resumed_from.is_none() && st == 0 {
+            self.save()?;
+        }
+        Ok(interrupted)
+    }
+
+    fn save(&mut self) -> Result<()> {
+        let (s, dtype) = (&mut self.start, self.parts.dtype);
+        resume::save(self.mgr, &self.learner, &mut s.state, &s.shadow, dtype)
+    }
+
+    /// The step loop; `Ok(true)` when `stop` was raised.
+    fn steps(
+        &mut self,
+        rollout: &Rollout,
+        batches: &mut InOrder,
+        stop: &AtomicBool,
+        t: &mut Telemetry,
+        trajs: &Option<mtrl_eval::TrajectoryLog>,
+        last_saved: &mut u64,
+    ) -> Result<bool> {
+        let b = self.cfg.train.global_batch_size;
+        while self.start.state.step < self.until {
+            let t_wait = Instant::now();
+            let before = rollout.counters();
+            let Some(batch) = next_batch(rollout, batches, b, stop)? else {
+                return Ok(true);
+            };
+            let wait_s = t_wait.elapsed().as_secs_f64();
+            let m = self.learner.step(&batch)?;
+            let t_pub = Instant::now();
+            rollout.publish(self.learner.version(), self.learner.weights()?)?;
+            let publish_s = t_pub.elapsed().as_secs_f64();
+            for _ in 0..b {
+                self.start.shadow.next_task();
+            }
+            let state = &mut self.start.state;
+            state.step += 1;
+            state.policy_version = self.learner.version();
+            if let Some(log) = trajs {
+                log.send_groups(mtrl_eval::Kind::Train, state.step, &batch);
+            }
+            let timing = Timing {
+                step_wall_s: t_wait.elapsed().as_secs_f64(),
+                elapsed_s: self.t_start.elapsed().as_secs_f64(),
+                publish_s,
+                learn_wait_s: wait_s,
+            };
+            let after = rollout.counters();
+            let rec = step_record(state.step, &batch, &m, &before, &after, &timing);
+            t.record(Record::Step(&rec))?;
+            state.metrics.push(serde_json::to_value(&rec)?);
+            self.records.push(rec);
+            let every = self.cfg.checkpoint.every_steps;
+            if every > 0 && state.step.is_multiple_of(every) {
+                self.save()?;
+                *last_saved = self.start.state.step;
+            }
+        }
+        Ok(false)
+    }
+}
+
+/// The next batch of `b` groups, or `None` once `stop` is raised; a rollout failure is returned.
+fn next_batch(
+    rollout: &Rollout,
+    batches: &mut InOrder,
+    b: usize,
+    stop: &AtomicBool,
+) -> Result<Option<Vec<Vec<mtrl_core::Trajectory>>>> {
+    loop {
+        if stop.load(Ordering::SeqCst) {
+            return Ok(None);
+        }
+        match batches.next_batch(b, Duration::from_millis(200)) {
+            Ok(Some(batch)) => return Ok(Some(batch)),
+            Ok(None) => {
+                if let Some(e) = rollout.failure() {
+                    return Err(e.into());
+                }
+            }
+            Err(e) => return Err(rollout.failure().unwrap_or(e).into()),
+        }
+    }
+}
+
+/// Ctrl-C and SIGTERM raise `stop`; the learner loop then checkpoints and returns.
+fn watch_signals(rt: &tokio::runtime::Runtime, stop: Arc<AtomicBool>) {
+    rt.spawn(async move {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let Ok(mut term) = signal(SignalKind::terminate()) else {
+                return;
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+        stop.store(true, Ordering::SeqCst);
+    });
+}
