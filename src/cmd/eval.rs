@@ -1,17 +1,15 @@
 //! `mtrl eval --config FILE --model DIR [--baseline DIR] [--policy NAME]… [--k 4]`: runs every
 //! test file of `[data] test` with the training environment (tools, budgets, reward) and prints
 //! the results table; JSON, CSV and the Markdown table go to `--out` (default
-//! `<checkpoint.dir>/eval`). All the work is `mtrl_eval`'s; this file maps flags to an
-//! [`mtrl_eval::EvalJob`].
+//! `<checkpoint.dir>/eval`). All the work is `mtrl_eval`'s (through `mtrl_train::eval`, which adds
+//! the config's telemetry sinks); this file maps flags to an [`mtrl_eval::EvalJob`].
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use mtrl_env::Baseline;
-use mtrl_eval::{
-    evaluate, prepare_test_sets, Contender, EvalJob, EvalSettings, PassMetric, ProgressFn,
-};
+use mtrl_eval::{prepare_test_sets, Contender, EvalJob, EvalSettings, PassMetric, ProgressFn};
 
 use mtrl_train::setup::open_index;
 
@@ -156,14 +154,17 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         settings,
         progress: (!quiet).then(|| Box::new(|m: &str| eprintln!("eval: {m}")) as ProgressFn),
     };
-    let report = evaluate(job)?;
     let out = args
         .out
         .clone()
         .unwrap_or_else(|| cfg.checkpoint.dir.join("eval"));
-    let written = report.write_all(&out)?;
-    println!("{}", report.markdown());
-    let names: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
+    let done = mtrl_train::eval::run(&cfg, job, &out)?;
+    println!("{}", done.report.markdown());
+    let names: Vec<String> = done
+        .written
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
     eprintln!("wrote {}", names.join(", "));
     Ok(())
 }

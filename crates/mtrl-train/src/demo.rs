@@ -2,7 +2,7 @@
 //! `configs/demo.toml`, learn a small search agent from scratch on the CPU and show base vs
 //! fine-tuned on held-out queries. Every stage is the library code a real command runs:
 //! task splits ([`crate::data`]) → indexes → teacher episodes ([`crate::warm_start`]) → tokenizer
-//! training → SFT ([`crate::sft`]) → RL ([`crate::run::train`]) → evaluation (`mtrl_eval`) →
+//! training → SFT ([`crate::sft`]) → RL ([`crate::run::train`]) → evaluation ([`crate::eval`]) →
 //! curves (`mtrl_eval::plot`).
 //!
 //! Outputs (paths from the config): task files, the teacher's trajectories, the tokenizer, the
@@ -18,7 +18,7 @@ use std::time::Instant;
 use mtrl_core::config::WarmStartConfig;
 use mtrl_core::{Config, Trajectory};
 use mtrl_env::Baseline;
-use mtrl_eval::{evaluate, prepare_test_sets, Contender, EvalJob, EvalReport, EvalSettings};
+use mtrl_eval::{prepare_test_sets, Contender, EvalJob, EvalReport, EvalSettings};
 use mtrl_model::{TemplateCodec, Tokenizer};
 use mtrl_search::SearchIndex;
 use serde_json::Value;
@@ -117,9 +117,8 @@ pub fn run(cfg: &Config, o: &DemoOptions) -> Result<DemoOutcome> {
         cfg.checkpoint.dir.display()
     );
     stage(t0, "7/7 evaluation on held-out queries");
-    let report = evaluation(cfg, &ws, index, base, o)?;
     let dir = report_dir(cfg);
-    report.write_all(&dir)?;
+    let report = evaluation(cfg, &ws, index, base, o, &dir)?;
     let plots = mtrl_eval::plot::plot_run(&cfg.checkpoint.dir, &cfg.checkpoint.dir.join("plots"))?;
     Ok(DemoOutcome {
         report,
@@ -220,6 +219,7 @@ fn evaluation(
     index: Arc<SearchIndex>,
     base: PathBuf,
     o: &DemoOptions,
+    out: &Path,
 ) -> Result<EvalReport> {
     let mgr = mtrl_learner::CheckpointManager::new(&cfg.checkpoint.dir, cfg.checkpoint.keep_last);
     let (latest, _) = mgr.latest_valid()?;
@@ -250,5 +250,5 @@ fn evaluation(
             .progress
             .then(|| Box::new(|m: &str| eprintln!("         {m}")) as mtrl_eval::ProgressFn),
     };
-    Ok(evaluate(job)?)
+    Ok(crate::eval::run(cfg, job, out)?.report)
 }

@@ -25,6 +25,7 @@ pub mod bench_train;
 pub mod data;
 pub mod demo;
 pub mod error;
+pub mod eval;
 pub mod resume;
 pub mod run;
 pub mod selftest;

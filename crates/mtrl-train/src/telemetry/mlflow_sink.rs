@@ -1,8 +1,9 @@
 //! [`MlflowSink`]: MLflow tracking of a run (`[logging] mlflow`, `mlflow_experiment`).
 //!
 //! `start` starts the tracker, `record` makes every numeric field of a record an MLflow metric at
-//! that step, `finish` uploads `metrics.jsonl`, `trajectories.jsonl`, `trajectories/**` and
-//! `eval/**` of the run folder as artifacts, sets the run's status and returns the counts for the
+//! that step (an evaluation's as `<benchmark>/<model>.<figure>`), `finish` uploads the run
+//! folder's record files (`metrics.jsonl`, `sft-metrics.jsonl`, `trajectories.jsonl`,
+//! `trajectories/**`, an evaluation's `eval.{md,json,csv}` and `eval/**`) as artifacts, sets the run's status and returns the counts for the
 //! run's JSON summary.
 //!
 //! Invariant: nothing here can stop or slow training once started — MLflow calls run on the
@@ -154,7 +155,14 @@ fn previous_run(dir: &Path, url: &str, experiment: &str) -> Option<String> {
 /// `(local file, artifact path)` of everything a run leaves for MLflow, in a stable order.
 fn artifacts(dir: &Path) -> Vec<(PathBuf, String)> {
     let mut out = Vec::new();
-    for name in ["metrics.jsonl", "trajectories.jsonl"] {
+    for name in [
+        "metrics.jsonl",
+        "sft-metrics.jsonl",
+        "trajectories.jsonl",
+        "eval.md",
+        "eval.json",
+        "eval.csv",
+    ] {
         let p = dir.join(name);
         if p.is_file() {
             out.push((p, name.to_string()));

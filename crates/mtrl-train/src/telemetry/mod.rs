@@ -1,5 +1,5 @@
 //! Telemetry of a run through one seam, the [`Sink`] trait: every command that produces run
-//! records (RL steps, SFT steps) hands each record to a [`Telemetry`], which fans it out to its
+//! records (RL steps, SFT steps, evaluation figures) hands each record to a [`Telemetry`], which fans it out to its
 //! sinks — the `metrics.jsonl` writer ([`JsonlSink`]), the progress bar ([`ProgressSink`]), the
 //! Prometheus endpoint ([`PrometheusSink`], `[logging] prometheus`) and MLflow tracking
 //! ([`MlflowSink`], `[logging] mlflow`). Front ends and tests add their own sinks with
@@ -34,21 +34,37 @@ pub use prometheus::PrometheusSink;
 pub enum Record<'a> {
     Step(&'a StepRecord),
     Sft(&'a SftRecord),
+    /// One model's figures on one benchmark of an evaluation (`mtrl eval`, the default job).
+    Eval {
+        benchmark: &'a str,
+        model: &'a str,
+        summary: &'a mtrl_eval::report::Summary,
+    },
 }
 
 impl Record<'_> {
+    /// The step the record belongs to (0 for an evaluation).
     pub fn step(&self) -> u64 {
         match self {
             Record::Step(r) => r.step,
             Record::Sft(r) => r.step,
+            Record::Eval { .. } => 0,
         }
     }
 
-    /// The record as JSON (its serialised form, `format_version` included).
+    /// The record as JSON: its serialised form (`format_version` included); an evaluation's
+    /// figures under `"<benchmark>/<model>"`.
     pub fn to_json(&self) -> Value {
         match self {
             Record::Step(r) => serde_json::to_value(r),
             Record::Sft(r) => serde_json::to_value(r),
+            Record::Eval {
+                benchmark,
+                model,
+                summary,
+            } => {
+                serde_json::to_value(summary).map(|v| json!({ format!("{benchmark}/{model}"): v }))
+            }
         }
         .unwrap_or(Value::Null)
     }

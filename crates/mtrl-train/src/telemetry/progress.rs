@@ -61,6 +61,7 @@ impl Sink for ProgressSink {
                 self.bar.set_position(s.step);
                 self.bar.set_message(format!("loss {:.3}", s.loss));
             }
+            Record::Eval { .. } => {}
         }
         Ok(())
     }

@@ -4,7 +4,8 @@
 //! run records through [`PrometheusSink`]) is served at `http://host:port/metrics` (any path
 //! answers). No push gateway.
 //!
-//! Series of the records: `mtrl_train_<field>` for RL steps and `mtrl_sft_<field>` for SFT steps
+//! Series of the records: `mtrl_train_<field>` for RL steps, `mtrl_sft_<field>` for SFT steps and
+//! `mtrl_eval_<figure>{benchmark, model}` for evaluations
 //! (`@` spelled `_at_`, seconds as `_seconds`): gauges for per-step values, counters (`_total`)
 //! for sums over the run, histograms for durations and per-sample staleness.
 //!
@@ -115,12 +116,31 @@ impl Sink for PrometheusSink {
         match r {
             Record::Step(s) => step_series(s),
             Record::Sft(s) => sft_series(s),
+            Record::Eval {
+                benchmark,
+                model,
+                summary,
+            } => eval_series(benchmark, model, summary),
         }
         Ok(())
     }
 
     fn finish(&mut self, _status: RunStatus) -> Result<Option<(&'static str, serde_json::Value)>> {
         Ok(Some(("prometheus", self.addr.to_string().into())))
+    }
+}
+
+fn eval_series(benchmark: &str, model: &str, s: &mtrl_eval::report::Summary) {
+    let labels = [
+        ("benchmark", benchmark.to_string()),
+        ("model", model.to_string()),
+    ];
+    metrics::gauge!("mtrl_eval_ndcg_at_10", &labels).set(s.ndcg_at_10);
+    metrics::gauge!("mtrl_eval_fail_rate", &labels).set(s.fail_rate);
+    metrics::gauge!("mtrl_eval_turns", &labels).set(s.turns);
+    metrics::gauge!("mtrl_eval_reward", &labels).set(s.reward);
+    if let Some(p) = s.pass_at_k {
+        metrics::gauge!("mtrl_eval_pass_at_k", &labels).set(p);
     }
 }
 
