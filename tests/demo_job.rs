@@ -67,6 +67,13 @@ fn default_job_runs_every_stage_and_writes_its_outputs() {
         .filter(|e| e.file_name().to_string_lossy().starts_with("step-"))
         .count();
     assert!(ckpts >= 1, "no RL checkpoint");
+    // Both training stages leave typed records of every step (SFT through the same sinks as RL).
+    let sft: Vec<mtrl_core::SftRecord> =
+        mtrl_core::read_jsonl(&d.join("demo/sft/sft-metrics.jsonl")).unwrap();
+    assert!(!sft.is_empty() && sft.iter().all(|r| r.loss.is_finite() && r.tokens > 0));
+    let rl: Vec<mtrl_core::StepRecord> =
+        mtrl_core::read_jsonl(&d.join("demo/rl/metrics.jsonl")).unwrap();
+    assert_eq!(rl.iter().map(|r| r.step).collect::<Vec<_>>(), vec![1, 2]);
     let png = std::fs::read(d.join("demo/rl/plots/training.png")).unwrap();
     assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000);
     let report: serde_json::Value =

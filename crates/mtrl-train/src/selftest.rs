@@ -185,6 +185,13 @@ fn step_grads(p: &Policy, g: &Golden, dev: &Device) -> Result<(f32, BTreeMap<Str
 }
 
 fn f32_checks(r: &mut Report, kind: &str, p: &Policy, g: &Golden, dev: &Device) -> Result<()> {
+    forward_checks(r, kind, p, g, dev)?;
+    greedy_checks(r, kind, p, g, dev)?;
+    step_checks(r, kind, p, g, dev)
+}
+
+/// Logits and log-probs (plain and differentiable paths, unpadded and right-padded).
+fn forward_checks(r: &mut Report, kind: &str, p: &Policy, g: &Golden, dev: &Device) -> Result<()> {
     for i in 0..3 {
         let ids = g.on(&format!("seq{i}.input_ids"), dev)?;
         let logits = p.forward(&ids, None, None)?;
@@ -224,8 +231,11 @@ fn f32_checks(r: &mut Report, kind: &str, p: &Policy, g: &Golden, dev: &Device) 
         g.get("right_padded.logprobs")?,
         Some(g.get("right_padded.logprob_mask")?),
         1e-4,
-    )?;
-    // greedy decoding: step logits through the KV cache, then the engine alone and in a batch
+    )
+}
+
+/// Greedy decoding: step logits through the KV cache, then the engine alone and in a batch.
+fn greedy_checks(r: &mut Report, kind: &str, p: &Policy, g: &Golden, dev: &Device) -> Result<()> {
     let prompt = ids_vec(g.get("gen.prompt_ids")?)?;
     let want = ids_vec(g.get("gen.output_ids")?)?;
     let mut cache = KvCache::new(p.config().num_hidden_layers);
@@ -268,7 +278,11 @@ fn f32_checks(r: &mut Report, kind: &str, p: &Policy, g: &Golden, dev: &Device) 
         same && out[1].tokens.len() == 3 && out[2].tokens.len() == 30,
         json!({"tokens_match": same}),
     );
-    // one PPO step: loss, gradient norm, recorded gradients; then clipped AdamW
+    Ok(())
+}
+
+/// One PPO step: loss, gradient norm, recorded gradients; then clipped AdamW.
+fn step_checks(r: &mut Report, kind: &str, p: &Policy, g: &Golden, dev: &Device) -> Result<()> {
     let ts = &g.meta["train_step"];
     let (loss, mut grads) = step_grads(p, g, dev)?;
     let want_loss = ts["loss"].as_f64().context("train_step.loss")?;
