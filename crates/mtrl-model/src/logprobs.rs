@@ -15,9 +15,10 @@
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, Var, D};
 
+use crate::cpu::logits::{chunk_grads, dlogits, logits, lse_and_pick};
+use crate::cpu::{self, uninit};
 use crate::error::{ModelError, Result};
 use crate::policy::Policy;
-use crate::transformer::mm::{gemm_par, uninit, View};
 
 /// Default budget of logits materialised at once (32 Mi f32 = 128 MiB).
 pub const DEFAULT_CHUNK_ELEMS: usize = 1 << 25;
@@ -38,135 +39,6 @@ pub struct TokenLogprobs {
     /// Per chunk, on the CPU fast path: the row log-sum-exps of `z / T` and, while the total stays
     /// within the logits budget, the logits `z` themselves (so backward need not recompute them).
     chunks: Vec<(Vec<f32>, Option<Tensor>)>,
-}
-
-/// The CPU f32 path works on raw slices: one pass for the log-sum-exp, one for `dL/dz`.
-fn fast_path(w: &Tensor) -> bool {
-    w.device().is_cpu() && w.dtype() == DType::F32
-}
-
-/// Contiguous f32 data of a CPU tensor, as an owned handle plus offset.
-fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
-    let t = t.contiguous()?;
-    let (st, l) = t.storage_and_layout();
-    let data = match &*st {
-        candle_core::Storage::Cpu(c) => c.as_slice::<f32>()?,
-        _ => return Err(candle_core::Error::Msg("expected a CPU tensor".into()).into()),
-    };
-    Ok(f(&data[l.start_offset()..l.start_offset() + t.elem_count()]))
-}
-
-/// Row-wise `lse = logsumexp(z / T)` and `z[target] / T - lse` of `z` `[n, vocab]` (CPU, f32).
-fn lse_and_pick(z: &Tensor, targets: &[u32], inv_t: f32) -> Result<(Vec<f32>, Vec<f32>)> {
-    let vocab = z.dim(1)?;
-    with_f32(z, |z| {
-        // Row r: [lse, picked], filled in parallel.
-        let mut pairs = vec![0f32; 2 * targets.len()];
-        crate::skinny::par_rows_min(&mut pairs, 2, 64, |r, o| {
-            let row = &z[r * vocab..][..vocab];
-            let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) * inv_t;
-            let mut buf = [0f32; 1024];
-            let mut sum = 0f32;
-            for part in row.chunks(buf.len()) {
-                let b = &mut buf[..part.len()];
-                for (be, &x) in b.iter_mut().zip(part) {
-                    *be = x * inv_t - m;
-                }
-                sum += crate::vexp::exp_sum_inplace(b);
-            }
-            let l = m + sum.ln();
-            o[0] = l;
-            o[1] = row[targets[r] as usize] * inv_t - l;
-        });
-        let lse = pairs.iter().step_by(2).copied().collect();
-        let picked = pairs.iter().skip(1).step_by(2).copied().collect();
-        (lse, picked)
-    })
-}
-
-/// `dL/dz = g · (onehot(target) − softmax(z / T)) / T` for a chunk `z` `[n, vocab]` (CPU, f32).
-fn dlogits(z: &Tensor, lse: &[f32], targets: &[u32], g: &[f32], inv_t: f32) -> Result<Tensor> {
-    let (n, vocab) = z.dims2()?;
-    let dz = with_f32(z, |z| {
-        let mut out = uninit(n * vocab);
-        crate::skinny::par_rows(&mut out, vocab, |r, o| {
-            let row = &z[r * vocab..][..vocab];
-            let (l, c) = (lse[r], -g[r] * inv_t);
-            for (oe, &x) in o.iter_mut().zip(row) {
-                *oe = x * inv_t - l;
-            }
-            crate::vexp::exp_sum_inplace(o);
-            o.iter_mut().for_each(|oe| *oe *= c);
-            o[targets[r] as usize] += g[r] * inv_t;
-        });
-        out
-    })?;
-    Ok(Tensor::from_vec(dz, (n, vocab), z.device())?)
-}
-
-/// Logits `h · wᵀ` of a chunk (CPU, f32) into a buffer that is not zero-filled first.
-fn logits_cpu(h: &Tensor, w: &Tensor) -> Result<Tensor> {
-    let (n, hs) = h.dims2()?;
-    let vocab = w.dim(0)?;
-    let z = with_f32(h, |h| {
-        with_f32(w, |w| {
-            let mut z = uninit(n * vocab);
-            // SAFETY: `h` is `[n, hs]`, `w` `[vocab, hs]` (read transposed), `z` `[n, vocab]`.
-            unsafe {
-                let (hv, wt) = (View::rows(h.as_ptr(), hs), View::rows_t(w.as_ptr(), hs));
-                gemm_par(n, vocab, hs, z.as_mut_ptr(), vocab, false, hv, wt);
-            }
-            z
-        })
-    })??;
-    Ok(Tensor::from_vec(z, (n, vocab), h.device())?)
-}
-
-/// The chunk's share of the backward products (CPU, f32): `dh = dz · w` (`[n, hs]`, written) and
-/// `dw (+)= dzᵀ · h` (`[vocab, hs]`, accumulated when `acc`).
-fn chunk_grads_cpu(
-    dz: &Tensor,
-    w: &Tensor,
-    h: &Tensor,
-    dh: &mut [f32],
-    dw: &mut [f32],
-    acc: bool,
-) -> Result<()> {
-    let (n, hs) = h.dims2()?;
-    let vocab = w.dim(0)?;
-    with_f32(dz, |dz| {
-        with_f32(w, |w| {
-            with_f32(h, |h| {
-                // SAFETY: `dz` `[n, vocab]`, `w` `[vocab, hs]`, `h` `[n, hs]`; `dh` holds
-                // `n · hs` and `dw` `vocab · hs` elements (checked by the caller's sizes).
-                unsafe {
-                    let dzv = View::rows(dz.as_ptr(), vocab);
-                    gemm_par(
-                        n,
-                        hs,
-                        vocab,
-                        dh.as_mut_ptr(),
-                        hs,
-                        false,
-                        dzv,
-                        View::rows(w.as_ptr(), hs),
-                    );
-                    let dzt = View::rows_t(dz.as_ptr(), vocab);
-                    gemm_par(
-                        vocab,
-                        hs,
-                        n,
-                        dw.as_mut_ptr(),
-                        hs,
-                        acc,
-                        dzt,
-                        View::rows(h.as_ptr(), hs),
-                    );
-                }
-            })
-        })
-    })???;
-    Ok(())
 }
 
 fn chunk_log_softmax(h: &Tensor, w: &Tensor, temperature: f64) -> Result<Tensor> {
@@ -232,11 +104,12 @@ pub fn token_logprobs(
     let vocab = lm_head.dim(0)?;
     let hd = hidden.detach();
     let wd = lm_head.detach();
-    let fast = fast_path(&wd);
+    // The CPU f32 kernels of `cpu::logits`, under the same rule that picks the decoder's kernels.
+    let fast = cpu::handles(wd.device(), wd.dtype());
     // On the CPU a chunk's logits (and its `dL/dz`) stay below glibc's mmap threshold, so their
-    // buffers are reused from the heap instead of being faulted in afresh (see `cpu_alloc`).
+    // buffers are reused from the heap instead of being faulted in afresh (see `cpu::alloc`).
     let chunk_cap = if fast {
-        chunk_elems.min(crate::cpu_alloc::MAX_HEAP_BLOCK / 4 - 4096)
+        chunk_elems.min(cpu::alloc::MAX_HEAP_BLOCK / 4 - 4096)
     } else {
         chunk_elems
     };
@@ -249,7 +122,7 @@ pub fn token_logprobs(
     while start < rows.len() {
         let n = chunk_rows.min(rows.len() - start);
         let picked = if fast {
-            let z = logits_cpu(&hd.narrow(0, start, n)?, &wd)?;
+            let z = logits(&hd.narrow(0, start, n)?, &wd)?;
             let (lse, picked) = lse_and_pick(&z, &targets[start..start + n], inv_t)?;
             let keep = differentiable && kept + n * vocab <= chunk_elems;
             if keep {
@@ -313,7 +186,8 @@ impl TokenLogprobs {
         let hd = self.hidden.detach();
         let wdt = wd.dtype();
         let vocab = wd.dim(0)?;
-        let fast = fast_path(&wd) && self.chunks.len() == self.rows.len().div_ceil(self.chunk_rows);
+        let fast = cpu::handles(wd.device(), wd.dtype())
+            && self.chunks.len() == self.rows.len().div_ceil(self.chunk_rows);
         let inv_t = (1.0 / self.temperature) as f32;
         let hs = hd.dim(1)?;
         // CPU fast path: the products write into these (dh rows in chunk order, dw accumulated).
@@ -333,12 +207,12 @@ impl TokenLogprobs {
                 let (lse, z) = &self.chunks[ci];
                 let z = match z {
                     Some(z) => z.clone(),
-                    None => logits_cpu(&hc, &wd)?,
+                    None => logits(&hc, &wd)?,
                 };
                 let tg = &self.targets[start..start + n];
                 let dz = dlogits(&z, lse, tg, &g_rows[start..start + n], inv_t)?;
                 let dh = &mut dh_buf[start * hs..(start + n) * hs];
-                chunk_grads_cpu(&dz, &wd, &hc, dh, &mut dw_buf, ci > 0)?;
+                chunk_grads(&dz, &wd, &hc, dh, &mut dw_buf, ci > 0)?;
             } else {
                 let p = chunk_log_softmax(&hc, &wd, self.temperature)?.exp()?;
                 let tgt = Tensor::from_slice(&self.targets[start..start + n], n, &dev)?;

@@ -16,8 +16,12 @@ use std::sync::Mutex;
 
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 
-use super::attn_util::{dot, max, par_units, spans, Blocks, BLOCK};
-pub(super) use super::attn_util::{Dims, Out};
+pub(super) use super::attn_blocks::Dims;
+use super::attn_blocks::{spans, Blocks, BLOCK};
+use super::gemm::{gemm, uninit, View};
+use super::pool::{for_units, SharedPtr};
+use super::storage::slice;
+use super::vector::{dot, max};
 
 /// Mask entries at or below this are "no attention" (the decoder writes -1e30).
 pub(super) const MASKED: f32 = -1.0e29;
@@ -63,7 +67,7 @@ struct Fwd<'a> {
 impl Fwd<'_> {
     /// Unit `(bi, g)`: the heads of KV group `g` of sequence `bi`. Writes `out[bi, :, head]` and
     /// the unit's probability blocks (into `p` when saving, else into a scratch buffer).
-    fn run(&self, u: usize, out: Out, p: Option<Out>) {
+    fn run(&self, u: usize, out: SharedPtr, p: Option<SharedPtr>) {
         let Dims {
             heads, kv, t, s, d, ..
         } = self.dims;
@@ -85,17 +89,16 @@ impl Fwd<'_> {
                 // SAFETY: the block of `p` at this offset belongs to this unit only.
                 let pb: &mut [f32] = match p {
                     Some(p) => unsafe {
-                        let o = self.blocks.off[(bi * heads + hh) * nblk + blk];
-                        std::slice::from_raw_parts_mut(p.0.add(o), nb * w)
+                        p.slice_mut(self.blocks.off[(bi * heads + hh) * nblk + blk], nb * w)
                     },
                     None => &mut scratch[..nb * w],
                 };
                 let qb = &self.q[bi * self.dims.qbs + (hh * t + i0) * d..][..nb * d];
                 // SAFETY: the views cover `qb` (`[nb, d]`), keys `lo..hi` and `pb` (`[nb, w]`).
                 unsafe {
-                    let kt = super::mm::View::rows_t(kr[lo * d..].as_ptr(), d);
-                    let qv = super::mm::View::rows(qb.as_ptr(), d);
-                    super::mm::gemm(nb, w, d, pb.as_mut_ptr(), w, false, qv, kt);
+                    let kt = View::rows_t(kr[lo * d..].as_ptr(), d);
+                    let qv = View::rows(qb.as_ptr(), d);
+                    gemm(nb, w, d, pb.as_mut_ptr(), w, false, qv, kt);
                 }
                 for (r, row) in pb.chunks_exact_mut(w.max(1)).take(nb).enumerate() {
                     let i = i0 + r;
@@ -110,15 +113,15 @@ impl Fwd<'_> {
                     }
                     let mx = max(sc);
                     sc.iter_mut().for_each(|x| *x -= mx);
-                    let inv = 1.0 / crate::vexp::exp_sum_inplace(sc);
+                    let inv = 1.0 / super::vexp::exp_sum_inplace(sc);
                     sc.iter_mut().for_each(|x| *x *= inv);
                 }
                 // SAFETY: `out[bi, i0..i1, hh·d..]` belongs to this unit only.
                 unsafe {
-                    let o = out.0.add((bi * t + i0) * heads * d + hh * d);
-                    let pv = super::mm::View::rows(pb.as_ptr(), w);
-                    let vv = super::mm::View::rows(vr[lo * d..].as_ptr(), d);
-                    super::mm::gemm(nb, d, w, o, heads * d, false, pv, vv);
+                    let o = out.get().add((bi * t + i0) * heads * d + hh * d);
+                    let pv = View::rows(pb.as_ptr(), w);
+                    let vv = View::rows(vr[lo * d..].as_ptr(), d);
+                    gemm(nb, d, w, o, heads * d, false, pv, vv);
                 }
             }
         }
@@ -137,8 +140,7 @@ struct Bwd<'a> {
 
 impl Bwd<'_> {
     /// Unit `(bi, g)`: writes `dq[bi, heads of g]`, `dk[bi, g]`, `dv[bi, g]` (`dk`, `dv` zeroed).
-    fn run(&self, u: usize, dq: Out, dk: Out, dv: Out) {
-        use super::mm::{gemm, View};
+    fn run(&self, u: usize, dq: SharedPtr, dk: SharedPtr, dv: SharedPtr) {
         let Dims {
             heads, kv, t, s, d, ..
         } = self.dims;
@@ -162,7 +164,7 @@ impl Bwd<'_> {
                 // SAFETY: every view stays inside its buffer; the `dk`/`dv` rows `lo..hi` of
                 // block `(bi, g)` and the `dq` rows of head `hh` belong to this unit only.
                 unsafe {
-                    let dvb = dv.0.add(ko + lo * d);
+                    let dvb = dv.get().add(ko + lo * d);
                     // dV += Pᵀ · dO
                     gemm(
                         w,
@@ -195,10 +197,10 @@ impl Bwd<'_> {
                 }
                 // SAFETY: as above.
                 unsafe {
-                    let dqb = dq.0.add(bi * self.dims.qbs + (hh * t + i0) * d);
+                    let dqb = dq.get().add(bi * self.dims.qbs + (hh * t + i0) * d);
                     let kv_ = View::rows(kr[lo * d..].as_ptr(), d);
                     gemm(nb, d, w, dqb, d, false, View::rows(ds.as_ptr(), w), kv_);
-                    let dkb = dk.0.add(ko + lo * d);
+                    let dkb = dk.get().add(ko + lo * d);
                     gemm(
                         w,
                         d,
@@ -255,7 +257,7 @@ impl MaskedAttention {
         let candle_core::Storage::Cpu(mc) = &*ms else {
             candle_core::bail!("attention mask must be on the CPU")
         };
-        f(super::fused::slice(mc, ml)?, ml.dims())
+        f(slice(mc, ml)?, ml.dims())
     }
 
     /// The forward over raw buffers laid out as `dm` says; `m` is the `[b, 1, t, s]` mask.
@@ -264,8 +266,8 @@ impl MaskedAttention {
         let Dims { b, heads, t, d, .. } = dm;
         let span = spans(m, b * t, dm.s);
         let blocks = Blocks::new(&span, b, heads, t);
-        let mut out = super::mm::uninit(b * t * heads * d);
-        let mut p = super::mm::uninit(if self.save { blocks.total } else { 0 });
+        let mut out = uninit(b * t * heads * d);
+        let mut p = uninit(if self.save { blocks.total } else { 0 });
         let fwd = Fwd {
             q,
             k,
@@ -276,9 +278,9 @@ impl MaskedAttention {
             dims: dm,
             scale: self.scale,
         };
-        let (o, pp) = (Out(out.as_mut_ptr()), Out(p.as_mut_ptr()));
+        let (o, pp) = (SharedPtr::of(&mut out), SharedPtr::of(&mut p));
         let save = self.save;
-        par_units(b * dm.kv, |u| fwd.run(u, o, save.then_some(pp)));
+        for_units(b * dm.kv, |u| fwd.run(u, o, save.then_some(pp)));
         if save {
             *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some(Saved { p, blocks });
         }
@@ -295,9 +297,9 @@ impl MaskedAttention {
         v: &[f32],
         g: &[f32],
         dm: Dims,
-        dq: Out,
-        dk: Out,
-        dv: Out,
+        dq: SharedPtr,
+        dk: SharedPtr,
+        dv: SharedPtr,
     ) -> Result<()> {
         let guard = self.saved.lock().unwrap_or_else(|e| e.into_inner());
         let Some(saved) = guard.as_ref() else {
@@ -312,7 +314,7 @@ impl MaskedAttention {
             dims: dm,
             scale: self.scale,
         };
-        par_units(dm.b * dm.kv, |u| bwd.run(u, dq, dk, dv));
+        for_units(dm.b * dm.kv, |u| bwd.run(u, dq, dk, dv));
         Ok(())
     }
 }
@@ -331,18 +333,14 @@ impl CustomOp3 for MaskedAttention {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (q, k, v) = (
-            super::fused::slice(s1, l1)?,
-            super::fused::slice(s2, l2)?,
-            super::fused::slice(s3, l3)?,
-        );
+        let (q, k, v) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
         let mask = self.mask.contiguous()?;
         let (ms, ml) = mask.storage_and_layout();
         let candle_core::Storage::Cpu(mc) = &*ms else {
             candle_core::bail!("attention mask must be on the CPU")
         };
         let dm = dims(l1, l2, l3, ml)?;
-        let out = self.forward(q, k, v, super::fused::slice(mc, ml)?, dm);
+        let out = self.forward(q, k, v, slice(mc, ml)?, dm);
         let Dims { b, heads, t, d, .. } = dm;
         Ok((CpuStorage::F32(out), Shape::from((b, t, heads * d))))
     }
@@ -375,19 +373,19 @@ impl CustomOp3 for MaskedAttention {
             candle_core::bail!("attention backward runs on the CPU")
         };
         let dm = dims(lq, lk, lv, self.mask.layout())?;
-        let mut dq = super::mm::uninit(q.elem_count());
+        let mut dq = uninit(q.elem_count());
         let mut dk = vec![0f32; k.elem_count()];
         let mut dv = vec![0f32; v.elem_count()];
         let (a, b, c) = (
-            Out(dq.as_mut_ptr()),
-            Out(dk.as_mut_ptr()),
-            Out(dv.as_mut_ptr()),
+            SharedPtr::of(&mut dq),
+            SharedPtr::of(&mut dk),
+            SharedPtr::of(&mut dv),
         );
         self.backward(
-            super::fused::slice(cq, lq)?,
-            super::fused::slice(ck, lk)?,
-            super::fused::slice(cv, lv)?,
-            super::fused::slice(cg, lg)?,
+            slice(cq, lq)?,
+            slice(ck, lk)?,
+            slice(cv, lv)?,
+            slice(cg, lg)?,
             dm,
             a,
             b,

@@ -11,48 +11,10 @@
 //! the work is split between threads (per-lane FMA over `k`, then a fixed horizontal sum, then the
 //! scalar tail), so a sequence's logits do not depend on which other sequences share its batch.
 
-use std::sync::OnceLock;
+use super::pool::{for_ranges, SharedPtr};
 
 /// Most rows of `x` for which [`matmul_t`] beats candle's `gemm` path (measured on 2 cores).
 pub(crate) const MAX_ROWS: usize = 64;
-
-/// candle's thread count, read once (candle re-derives it on every call).
-pub(crate) fn num_threads() -> usize {
-    static N: OnceLock<usize> = OnceLock::new();
-    *N.get_or_init(candle_core::utils::get_num_threads)
-}
-
-/// Runs `f(row_index, out_row)` over the rows of `out` (`row_len` wide), on candle's worker pool
-/// when there is enough work. Each row is computed the same way whichever thread takes it.
-pub(crate) fn par_rows(out: &mut [f32], row_len: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
-    par_rows_min(out, row_len, 1 << 15, f)
-}
-
-/// [`par_rows`] with the threshold given: parallel from `min_len` output elements on.
-pub(crate) fn par_rows_min(
-    out: &mut [f32],
-    row_len: usize,
-    min_len: usize,
-    f: impl Fn(usize, &mut [f32]) + Sync,
-) {
-    let rows = out.len() / row_len.max(1);
-    if out.len() < min_len || num_threads() < 2 {
-        for (r, o) in out.chunks_exact_mut(row_len).enumerate() {
-            f(r, o);
-        }
-        return;
-    }
-    let ptr = out.as_mut_ptr() as usize;
-    candle_core::utils::barrier_pool().execute_chunked(rows, |range| {
-        for r in range {
-            // SAFETY: rows are disjoint and `out` outlives the pool call.
-            let o = unsafe {
-                std::slice::from_raw_parts_mut((ptr as *mut f32).add(r * row_len), row_len)
-            };
-            f(r, o);
-        }
-    });
-}
 
 const MR: usize = 4;
 const NR: usize = 3;
@@ -63,19 +25,15 @@ const COLS_PER_UNIT: usize = NR * 16;
 pub(crate) fn matmul_t(x: &[f32], w: &[f32], m: usize, n: usize, k: usize, out: &mut [f32]) {
     assert!(x.len() >= m * k && w.len() >= n * k && out.len() >= m * n);
     let units = n.div_ceil(COLS_PER_UNIT);
-    let out_ptr = out.as_mut_ptr() as usize;
-    let run = |range: std::ops::Range<usize>| {
+    let o = SharedPtr::of(out);
+    let parallel = m * n * k >= (1 << 18);
+    for_ranges(units, parallel, |range| {
         let j0 = range.start * COLS_PER_UNIT;
         let j1 = (range.end * COLS_PER_UNIT).min(n);
         // SAFETY: units own disjoint column ranges `j0..j1` of `out`, which outlives the call;
         // `x`, `w` bounds were checked above.
-        unsafe { cols(x.as_ptr(), w.as_ptr(), m, n, k, j0, j1, out_ptr as *mut f32) };
-    };
-    if m * n * k < (1 << 18) || num_threads() < 2 {
-        run(0..units);
-    } else {
-        candle_core::utils::barrier_pool().execute_chunked(units, run);
-    }
+        unsafe { cols(x.as_ptr(), w.as_ptr(), m, n, k, j0, j1, o.get()) };
+    });
 }
 
 /// Columns `j0..j1` of the product.
@@ -95,20 +53,11 @@ unsafe fn cols(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        if avx2() {
+        if super::avx2() {
             return cols_avx2(x, w, m, n, k, j0, j1, out);
         }
     }
     cols_generic(x, w, m, n, k, j0, j1, out)
-}
-
-/// Whether the AVX2 + FMA kernels can run (checked once).
-#[cfg(target_arch = "x86_64")]
-pub(crate) fn avx2() -> bool {
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    })
 }
 
 /// Portable fallback: one dot product per output, the same order on every row.

@@ -1,27 +1,30 @@
 //! A thin, strided f32 matrix product over the `gemm` crate (the kernels under candle's CPU
 //! matmul), for hand-written kernels that multiply sub-blocks of larger buffers without copying
-//! them into tensors first.
+//! them into tensors first, and the uninitialised output buffer they write into.
 
-/// A read-only matrix view: element `(r, c)` is at `ptr + r·rs + c·cs`.
+use super::pool::{for_ranges, num_threads, SharedPtr};
+
+/// A read-only matrix view: element `(r, c)` is at `ptr + r·rs + c·cs`. It crosses into the pool's
+/// threads as a [`SharedPtr`] that is only ever read through.
 #[derive(Clone, Copy)]
 pub(crate) struct View {
-    pub ptr: *const f32,
-    pub rs: isize,
-    pub cs: isize,
+    ptr: SharedPtr,
+    rs: isize,
+    cs: isize,
 }
-
-// SAFETY: a view is only read, by threads that the caller's safety contract covers.
-unsafe impl Send for View {}
-unsafe impl Sync for View {}
 
 impl View {
     /// A row-major view with row stride `rs`.
     pub fn rows(ptr: *const f32, rs: usize) -> Self {
         Self {
-            ptr,
+            ptr: SharedPtr::read_only(ptr),
             rs: rs as isize,
             cs: 1,
         }
+    }
+
+    fn ptr(self) -> *const f32 {
+        self.ptr.get()
     }
 
     /// The view from row `r` on.
@@ -30,7 +33,7 @@ impl View {
     /// Row `r` must lie inside the viewed buffer.
     unsafe fn down(self, r: usize) -> Self {
         Self {
-            ptr: self.ptr.offset(r as isize * self.rs),
+            ptr: SharedPtr::read_only(self.ptr().offset(r as isize * self.rs)),
             ..self
         }
     }
@@ -41,7 +44,7 @@ impl View {
     /// Column `c` must lie inside the viewed buffer.
     unsafe fn right(self, c: usize) -> Self {
         Self {
-            ptr: self.ptr.offset(c as isize * self.cs),
+            ptr: SharedPtr::read_only(self.ptr().offset(c as isize * self.cs)),
             ..self
         }
     }
@@ -49,7 +52,7 @@ impl View {
     /// The transpose of a row-major matrix with row stride `rs`.
     pub fn rows_t(ptr: *const f32, rs: usize) -> Self {
         Self {
-            ptr,
+            ptr: SharedPtr::read_only(ptr),
             rs: 1,
             cs: rs as isize,
         }
@@ -93,10 +96,10 @@ pub(crate) unsafe fn gemm(
         1,
         dst_rs as isize,
         acc,
-        a.ptr,
+        a.ptr(),
         a.cs,
         a.rs,
-        b.ptr,
+        b.ptr(),
         b.cs,
         b.rs,
         1.0,
@@ -125,7 +128,7 @@ pub(crate) unsafe fn gemm_par(
     a: View,
     b: View,
 ) {
-    let threads = crate::skinny::num_threads();
+    let threads = num_threads();
     if threads < 2 || m * n * k < (1 << 18) || m.max(n) < 32 {
         return gemm(m, n, k, dst, dst_rs, acc, a, b);
     }
@@ -137,8 +140,8 @@ pub(crate) unsafe fn gemm_par(
     let parts = (threads * 4).min(len / 16).max(1);
     let step = len.div_ceil(parts).next_multiple_of(16);
     let units = len.div_ceil(step);
-    let d = SendPtr(dst);
-    candle_core::utils::barrier_pool().execute_chunked(units, |range| {
+    let d = SharedPtr::new(dst);
+    for_ranges(units, true, |range| {
         for u in range {
             let (i0, i1) = (u * step, (u * step + step).min(len));
             let d = d.get();
@@ -161,19 +164,6 @@ pub(crate) unsafe fn gemm_par(
             }
         }
     });
-}
-
-/// A raw pointer handed to the pool's threads (they touch disjoint elements).
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: see the uses; every thread reads shared inputs or writes its own rows.
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
 }
 
 /// A buffer of `n` f32 whose contents are unspecified until written (no zero fill; the caller

@@ -41,7 +41,7 @@ pub(crate) fn exp(x: f32) -> f32 {
 pub(crate) fn exp_sum_inplace(xs: &mut [f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     {
-        if crate::skinny::avx2() {
+        if super::avx2() {
             // SAFETY: the CPU supports the features the function is compiled for.
             return unsafe { exp_sum_avx2(xs) };
         }

@@ -3,17 +3,59 @@
 //! The elementary spelling projects q, k and v separately, reshapes them, normalises q and k per
 //! head, transposes all three to head-major, makes them contiguous and rotates q and k: some
 //! fifteen graph nodes, each of which costs a zeroed gradient buffer and an add in the backward.
-//! Here the layer multiplies by the concatenated `[q; k; v]` weights once ([`super::fused::Linear`]),
+//! Here the layer multiplies by the concatenated `[q; k; v]` weights once ([`super::linear::Linear`]),
 //! [`QkvPrep`] turns the `[b, t, (heads + 2·kv)·d]` product into head-major `[b, heads + 2·kv, t, d]`
 //! with q/k RMSNorm and RoPE applied (one node), and [`PackedAttention`] attends over that buffer
-//! directly (one node). The arithmetic per element is that of `fused::RmsNorm` and `fused::Rope`.
+//! directly (one node). The arithmetic per element is that of `norm_rope::RmsNorm` and `norm_rope::Rope`.
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
-use super::attn::{Dims, MaskedAttention, Out};
-use super::attn_util::par_units;
-use super::fused::{slice, with2, with3};
-use super::mm::uninit;
+use super::attn::{Dims, MaskedAttention};
+use super::gemm::uninit;
+use super::linear::Linear;
+use super::pool::{for_units, SharedPtr};
+use super::storage::{slice, with2, with3};
+
+/// The training self-attention of `a` over normed `h` `[b, t, hidden]` under `mask`, before
+/// `o_proj`: one product with the concatenated q/k/v weights, one [`QkvPrep`] node, one
+/// [`PackedAttention`] node. Returns `[b, t, heads · d]`.
+pub(crate) fn self_attention(
+    a: &crate::transformer::Attention,
+    h: &Tensor,
+    rope: &crate::transformer::Angles,
+    mask: &Tensor,
+) -> Result<Tensor> {
+    let w = Tensor::cat(&[&a.q.w, &a.k.w, &a.v.w], 0)?;
+    let mut qkv = h.contiguous()?.apply_op2(&w, Linear)?;
+    if let (Some(qb), Some(kb), Some(vb)) = (&a.q.b, &a.k.b, &a.v.b) {
+        qkv = qkv.broadcast_add(&Tensor::cat(&[qb, kb, vb], 0)?)?;
+    }
+    let d = a.head_dim;
+    let norms = match (&a.q_norm, &a.k_norm) {
+        (Some(qn), Some(kn)) => Some(Tensor::cat(&[qn, kn], 0)?),
+        _ => None,
+    };
+    let prep = QkvPrep {
+        heads: a.heads,
+        kv: a.kv_heads,
+        d,
+        eps: a.eps as f32,
+        norm: norms.is_some(),
+        cos: rope.cos.contiguous()?,
+        sin: rope.sin.contiguous()?,
+    };
+    let norms = match norms {
+        Some(n) => n,
+        None => Tensor::ones(2 * d, DType::F32, h.device())?,
+    };
+    let p = qkv.contiguous()?.apply_op2(&norms, prep)?;
+    let scale = (1.0 / (d as f64).sqrt()) as f32;
+    p.apply_op1(PackedAttention {
+        heads: a.heads,
+        kv: a.kv_heads,
+        inner: MaskedAttention::new(scale, mask.contiguous()?, true),
+    })
+}
 
 /// Largest head size the kernels take (they keep one head row on the stack).
 pub(crate) const MAX_HEAD_DIM: usize = 512;
@@ -66,17 +108,15 @@ impl CustomOp2 for QkvPrep {
             candle_core::bail!("qkv prep: norm weights {:?}", l2.dims())
         }
         let mut out = uninit(x.len());
-        let o = Out(out.as_mut_ptr());
+        let o = SharedPtr::of(&mut out);
         self.tables(|cos, sin| {
-            par_units(b * nh, |u| {
+            for_units(b * nh, |u| {
                 let (bi, j) = (u / nh, u % nh);
                 let w = &nw[if j < heads { 0 } else { d }..][..d];
                 for i in 0..t {
                     let src = &x[((bi * t + i) * nh + j) * d..][..d];
                     // SAFETY: row `(bi, j, i)` of the output belongs to this unit only.
-                    let dst = unsafe {
-                        std::slice::from_raw_parts_mut(o.get().add(((bi * nh + j) * t + i) * d), d)
-                    };
+                    let dst = unsafe { o.slice_mut(((bi * nh + j) * t + i) * d, d) };
                     if j >= heads + kv {
                         dst.copy_from_slice(src);
                         continue;
@@ -120,21 +160,17 @@ impl CustomOp2 for QkvPrep {
             let mut dx = uninit(xd.len());
             // Per unit: its rows' contribution to the norm weight gradient.
             let mut part = vec![0f32; b * nh * d];
-            let (o, po) = (Out(dx.as_mut_ptr()), Out(part.as_mut_ptr()));
+            let (o, po) = (SharedPtr::of(&mut dx), SharedPtr::of(&mut part));
             self.tables(|cos, sin| {
-                par_units(b * nh, |u| {
+                for_units(b * nh, |u| {
                     let (bi, j) = (u / nh, u % nh);
                     let w = &wd[if j < heads { 0 } else { d }..][..d];
                     // SAFETY: the unit's slot of `part` and its rows of `dx` belong to it only.
-                    let dw = unsafe { std::slice::from_raw_parts_mut(po.get().add(u * d), d) };
+                    let dw = unsafe { po.slice_mut(u * d, d) };
                     for i in 0..t {
                         let g = &gd[((bi * nh + j) * t + i) * d..][..d];
-                        let dst = unsafe {
-                            std::slice::from_raw_parts_mut(
-                                o.get().add(((bi * t + i) * nh + j) * d),
-                                d,
-                            )
-                        };
+                        // SAFETY: as above.
+                        let dst = unsafe { o.slice_mut(((bi * t + i) * nh + j) * d, d) };
                         if j >= heads + kv {
                             dst.copy_from_slice(g);
                             continue;
@@ -248,9 +284,9 @@ impl CustomOp1 for PackedAttention {
         let dx = with2(x, grad, |xd, gd| -> Result<Vec<f32>> {
             // Key and value gradients accumulate, so the buffer starts at zero.
             let mut dx = vec![0f32; xd.len()];
-            let p = dx.as_mut_ptr();
+            let p = SharedPtr::of(&mut dx);
             // SAFETY: the offsets stay inside `dx` (q, k and v blocks of every sequence).
-            let (dq, dk, dv) = unsafe { (Out(p), Out(p.add(kq)), Out(p.add(vq))) };
+            let (dq, dk, dv) = unsafe { (p, p.add(kq), p.add(vq)) };
             self.inner
                 .backward(xd, &xd[kq..], &xd[vq..], gd, dm, dq, dk, dv)?;
             Ok(dx)

@@ -1,41 +1,90 @@
 //! Decode attention of many sequences over their own KV caches (CPU, f32): one hand-written pass
-//! over all sequences, work units (sequence, KV group) spread over candle's worker pool.
+//! over all sequences, work units (sequence, KV group) spread over candle's worker pool, instead of
+//! one append + two matmuls + one softmax per sequence and layer.
+
+use candle_core::{Result, Tensor};
+
+use super::pool::{for_ranges, SharedPtr};
+use super::storage::cpu_f32;
+use super::vector::dot;
+use crate::kv_cache::KvCache;
+
+/// Appends each sequence's `k`, `v` (`[n, kv, 1, d]`, row `i` for `caches[i]`) to layer `li` of its
+/// cache, then attends `q` (`[n, heads, 1, d]`) over every cache. Returns `[n, 1, heads · d]`.
+pub(crate) fn decode_attention(
+    li: usize,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    caches: &mut [&mut KvCache],
+) -> Result<Tensor> {
+    let n = caches.len();
+    let (_, heads, _, d) = q.dims4()?;
+    let kv_heads = k.dim(1)?;
+    let mut lens = Vec::with_capacity(n);
+    for (i, c) in caches.iter_mut().enumerate() {
+        lens.push(c.write(li, &k.narrow(0, i, 1)?, &v.narrow(0, i, 1)?)?);
+    }
+    let q = q.contiguous()?;
+    let (q_st, q_l) = q.storage_and_layout();
+    let qs = &cpu_f32(&q_st)?[q_l.start_offset()..q_l.start_offset() + n * heads * d];
+    let mut bufs = Vec::with_capacity(n);
+    for c in caches.iter() {
+        let Some((kb, vb)) = c.buffers(li) else {
+            candle_core::bail!("kv cache layer {li} is empty after a write")
+        };
+        if !kb.is_contiguous() || !vb.is_contiguous() {
+            candle_core::bail!("kv cache buffers must be contiguous")
+        }
+        bufs.push((kb.storage_and_layout(), vb.storage_and_layout(), kb.dim(2)?));
+    }
+    let mut views = Vec::with_capacity(n);
+    for ((ks, kl), (vs, vl), cap) in &bufs {
+        let k = &cpu_f32(ks)?[kl.start_offset()..];
+        let v = &cpu_f32(vs)?[vl.start_offset()..];
+        views.push((k, v, *cap));
+    }
+    let attn = DecodeAttn {
+        q: qs,
+        caches: &views,
+        lens: &lens,
+        heads,
+        kv_heads,
+        d,
+        scale: 1.0 / (d as f32).sqrt(),
+    };
+    let mut out = vec![0f32; n * heads * d];
+    attn.run(&mut out);
+    drop(views);
+    drop(bufs);
+    Tensor::from_vec(out, (n, 1, heads * d), q.device())
+}
 
 /// The decode attention of many sequences over their own caches (CPU, f32).
 /// `q`: `[n, heads, d]`; cache `i`: keys/values `[kv, cap_i, d]` with `lens[i]` valid positions.
-pub(super) struct DecodeAttn<'a> {
-    pub(super) q: &'a [f32],
-    pub(super) caches: &'a [(&'a [f32], &'a [f32], usize)],
-    pub(super) lens: &'a [usize],
-    pub(super) heads: usize,
-    pub(super) kv_heads: usize,
-    pub(super) d: usize,
-    pub(super) scale: f32,
+struct DecodeAttn<'a> {
+    q: &'a [f32],
+    caches: &'a [(&'a [f32], &'a [f32], usize)],
+    lens: &'a [usize],
+    heads: usize,
+    kv_heads: usize,
+    d: usize,
+    scale: f32,
 }
 
 impl DecodeAttn<'_> {
     /// Writes `[n, heads, d]` into `out`; work units are (sequence, KV group) pairs.
-    pub(super) fn run(&self, out: &mut [f32]) {
+    fn run(&self, out: &mut [f32]) {
         let units = self.lens.len() * self.kv_heads;
         let work: usize = self.lens.iter().sum::<usize>() * self.heads * self.d;
         let group = (self.heads / self.kv_heads) * self.d;
-        if work < (1 << 16) || crate::skinny::num_threads() < 2 {
-            let mut scratch = Vec::new();
-            for (u, o) in out.chunks_exact_mut(group).enumerate() {
-                self.unit(u, o, &mut scratch);
-            }
-            return;
-        }
-        let out_ptr = out.as_mut_ptr() as usize;
-        candle_core::utils::barrier_pool().execute_chunked(units, |range| {
+        let o = SharedPtr::of(out);
+        for_ranges(units, work >= (1 << 16), |range| {
             let mut scratch = Vec::new();
             for u in range {
                 // SAFETY: unit `u` writes only `out[u * group..(u + 1) * group]`, disjoint across
                 // units, and `out` outlives the pool call.
-                let o = unsafe {
-                    std::slice::from_raw_parts_mut((out_ptr as *mut f32).add(u * group), group)
-                };
-                self.unit(u, o, &mut scratch);
+                self.unit(u, unsafe { o.slice_mut(u * group, group) }, &mut scratch);
             }
         });
     }
@@ -50,7 +99,7 @@ impl DecodeAttn<'_> {
         let v = &v[g * cap * d..][..len * d];
         #[cfg(target_arch = "x86_64")]
         {
-            if crate::skinny::avx2() {
+            if super::avx2() {
                 // SAFETY: the CPU supports the features the function is compiled for.
                 unsafe { attend_group_avx2(q, k, v, d, self.scale, scratch, out) };
                 return;
@@ -98,7 +147,7 @@ fn attend_group(
         let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let mut sum = 0f32;
         for x in row.iter_mut() {
-            *x = crate::vexp::exp(*x - m);
+            *x = super::vexp::exp(*x - m);
             sum += *x;
         }
         let inv = 1.0 / sum;
@@ -110,22 +159,4 @@ fn attend_group(
             }
         }
     }
-}
-
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for j in 0..8 {
-            acc[j] += x[j] * y[j];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }

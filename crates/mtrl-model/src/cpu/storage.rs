@@ -1,0 +1,58 @@
+//! Raw access to the f32 data of CPU tensors, for the kernels that work on slices.
+//!
+//! Every helper takes a contiguous view (copying only when the tensor is strided) and fails with an
+//! error, never a panic, when a tensor is not on the CPU or not f32: the dispatch in
+//! [`super::backend`] only routes CPU f32 tensors here, so such an error is a bug upstream.
+
+use candle_core::{CpuStorage, Layout, Result, Storage, Tensor};
+
+/// The f32 elements of a contiguous layout of `s`.
+pub(crate) fn slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
+    let Some((a, b)) = l.contiguous_offsets() else {
+        candle_core::bail!("fused kernels need contiguous inputs")
+    };
+    Ok(&s.as_slice::<f32>()?[a..b])
+}
+
+/// The f32 buffer of a storage (from its start; callers add their layout's offset).
+pub(crate) fn cpu_f32(s: &Storage) -> Result<&[f32]> {
+    match s {
+        Storage::Cpu(c) => c.as_slice::<f32>(),
+        _ => candle_core::bail!("expected a CPU tensor"),
+    }
+}
+
+/// Reads the contiguous f32 data of a CPU tensor.
+pub(crate) fn with1<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    let t = t.contiguous()?;
+    let (st, l) = t.storage_and_layout();
+    let data = cpu_f32(&st)?;
+    Ok(f(&data[l.start_offset()..l.start_offset() + t.elem_count()]))
+}
+
+/// Reads the contiguous f32 data of two CPU tensors.
+pub(crate) fn with2<R>(a: &Tensor, b: &Tensor, f: impl FnOnce(&[f32], &[f32]) -> R) -> Result<R> {
+    let (a, b) = (a.contiguous()?, b.contiguous()?);
+    let (sa, la) = a.storage_and_layout();
+    let (sb, lb) = b.storage_and_layout();
+    let (Storage::Cpu(ca), Storage::Cpu(cb)) = (&*sa, &*sb) else {
+        candle_core::bail!("fused kernels run on the CPU")
+    };
+    Ok(f(slice(ca, la)?, slice(cb, lb)?))
+}
+
+/// Reads the contiguous f32 data of three CPU tensors.
+pub(crate) fn with3<R>(
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    f: impl FnOnce(&[f32], &[f32], &[f32]) -> R,
+) -> Result<R> {
+    let c = c.contiguous()?;
+    let (sc, lc) = c.storage_and_layout();
+    let Storage::Cpu(cc) = &*sc else {
+        candle_core::bail!("fused kernels run on the CPU")
+    };
+    let cs = slice(cc, lc)?;
+    with2(a, b, |a, b| f(a, b, cs))
+}

@@ -1,0 +1,209 @@
+//! The kernels a decoder runs on: the [`Backend`] interface, its pure-candle implementation
+//! [`Candle`], and [`select`], the one place that picks an implementation for a model.
+//!
+//! Why an interface instead of `if device.is_cpu()` in the decoder: the CPU f32 kernels of
+//! `crate::cpu` replace whole blocks (the training attention over one packed q/k/v product, the
+//! decode attention over all caches at once), not only single ops, and each such choice spread
+//! through the decoder made it unreadable. Here the decoder asks for an operation; which kernel
+//! runs was settled when the model was built.
+//!
+//! [`Candle`] is candle ops only (CUDA, and any dtype other than f32 on the CPU), so it compiles
+//! and runs wherever candle does. Each method has two spellings chosen by the view: without a
+//! backward (candle's fused RMSNorm, RoPE and softmax kernels) for inference, elementary
+//! differentiable ops for training.
+
+use std::fmt;
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Result, Tensor, D};
+
+use super::{decode_per_sequence, Angles, Attention, Linear, Mlp};
+use crate::kv_cache::KvCache;
+
+/// The operations of the decoder. Shapes: `x` `[.., hidden]`; `q` `[b, heads, t, d]`; `k`, `v`
+/// `[b, kv, s, d]` (`heads` a multiple of `kv`, GQA); masks are additive `[b, 1, t, s]`.
+pub(crate) trait Backend: fmt::Debug + Send + Sync {
+    /// `x · wᵀ (+ b)` over the last dimension of `x`.
+    fn linear(&self, x: &Tensor, l: &Linear) -> Result<Tensor>;
+
+    /// RMSNorm over the last dimension with weight `w`.
+    fn rms_norm(&self, x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor>;
+
+    /// Non-interleaved RoPE (`rotate_half`) of `x` `[b, h, t, d]`; `cos`/`sin` `[b, t, d/2]`.
+    fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor>;
+
+    /// `softmax(q·kᵀ/√d + mask) · v`; returns `[b, t, heads · d]`.
+    fn attention(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor>;
+
+    /// `silu(g) · u`, elementwise.
+    fn swiglu(&self, g: &Tensor, u: &Tensor) -> Result<Tensor>;
+
+    /// The MLP of normed `x` (spelled out: [`Mlp::forward`]).
+    fn mlp(&self, m: &Mlp, x: &Tensor) -> Result<Tensor>;
+
+    /// Self-attention of normed `x` `[b, t, hidden]` under `mask`, through `o_proj` (spelled out:
+    /// [`Attention::forward`]).
+    fn self_attention(
+        &self,
+        a: &Attention,
+        x: &Tensor,
+        rope: &Angles,
+        mask: &Tensor,
+    ) -> Result<Tensor>;
+
+    /// One decode step's attention of layer `li`: row `i` of `k`, `v` (`[n, kv, 1, d]`) joins
+    /// `caches[i]`, row `i` of `q` attends over it; returns `[n, 1, heads · d]` (spelled out:
+    /// [`decode_per_sequence`]).
+    fn decode_attention(
+        &self,
+        li: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        caches: &mut [&mut KvCache],
+    ) -> Result<Tensor>;
+}
+
+/// The backend of a model on `dev` with weights in `dtype`; `differentiable` selects the training
+/// view. The only place that looks at the device: everything after it asks the backend.
+pub(super) fn select(
+    dev: &Device,
+    dtype: DType,
+    differentiable: bool,
+    head_dim: usize,
+) -> Arc<dyn Backend> {
+    if dev.is_cpu() {
+        // Every CPU model, whatever its dtype: candle's CPU ops allocate the same way.
+        crate::cpu::alloc::tune();
+    }
+    if crate::cpu::handles(dev, dtype) {
+        Arc::new(crate::cpu::CpuF32::new(differentiable, head_dim))
+    } else {
+        Arc::new(Candle { differentiable })
+    }
+}
+
+/// Pure candle ops.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Candle {
+    /// The training view: every op records a backward.
+    pub differentiable: bool,
+}
+
+impl Backend for Candle {
+    fn linear(&self, x: &Tensor, l: &Linear) -> Result<Tensor> {
+        let dims = x.dims().to_vec();
+        let inp = dims[dims.len() - 1];
+        let rows = x.elem_count() / inp;
+        let y = x.reshape((rows, inp))?.matmul(&l.w.t()?)?;
+        with_bias(y, l, dims)
+    }
+
+    fn rms_norm(&self, x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+        if !self.differentiable {
+            return candle_nn::ops::rms_norm(&x.contiguous()?, w, eps as f32);
+        }
+        let dtype = x.dtype();
+        let x = x.to_dtype(DType::F32)?;
+        let var = x.sqr()?.mean_keepdim(D::Minus1)?;
+        let normed = x.broadcast_div(&(var + eps)?.sqrt()?)?;
+        normed.to_dtype(dtype)?.broadcast_mul(w)
+    }
+
+    fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        if !self.differentiable {
+            return candle_nn::rotary_emb::rope(&x.contiguous()?, cos, sin);
+        }
+        let d = x.dim(D::Minus1)?;
+        let cos = Tensor::cat(&[cos, cos], D::Minus1)?.unsqueeze(1)?;
+        let sin = Tensor::cat(&[sin, sin], D::Minus1)?.unsqueeze(1)?;
+        let x1 = x.narrow(D::Minus1, 0, d / 2)?;
+        let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
+        let rot = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
+        x.broadcast_mul(&cos)? + rot.broadcast_mul(&sin)?
+    }
+
+    fn attention(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let (b, heads, t, d) = q.dims4()?;
+        let (kv, s) = (k.dim(1)?, k.dim(2)?);
+        let rep = heads / kv;
+        let q = q.contiguous()?.reshape((b, kv, rep * t, d))?;
+        let scale = 1.0 / (d as f64).sqrt();
+        let scores = (q.matmul(&k.t()?)? * scale)?;
+        let scores = match mask {
+            Some(m) => scores
+                .reshape((b, kv, rep, t, s))?
+                .broadcast_add(&m.unsqueeze(1)?)?
+                .reshape((b, kv, rep * t, s))?,
+            None => scores,
+        };
+        let p = self.softmax(&scores)?;
+        let out = p.matmul(v)?.reshape((b, heads, t, d))?;
+        out.transpose(1, 2)?.reshape((b, t, heads * d))
+    }
+
+    fn swiglu(&self, g: &Tensor, u: &Tensor) -> Result<Tensor> {
+        g.silu()? * u
+    }
+
+    fn mlp(&self, m: &Mlp, x: &Tensor) -> Result<Tensor> {
+        m.forward(self, x)
+    }
+
+    fn self_attention(
+        &self,
+        a: &Attention,
+        x: &Tensor,
+        rope: &Angles,
+        mask: &Tensor,
+    ) -> Result<Tensor> {
+        a.forward(self, x, rope, mask)
+    }
+
+    fn decode_attention(
+        &self,
+        li: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        caches: &mut [&mut KvCache],
+    ) -> Result<Tensor> {
+        decode_per_sequence(self, li, q, k, v, caches)
+    }
+}
+
+impl Candle {
+    /// Softmax over the last dimension; in training the max is detached (it cancels in the
+    /// gradient).
+    fn softmax(&self, x: &Tensor) -> Result<Tensor> {
+        if !self.differentiable {
+            return candle_nn::ops::softmax_last_dim(&x.contiguous()?);
+        }
+        let m = x.max_keepdim(D::Minus1)?.detach();
+        let e = x.broadcast_sub(&m)?.exp()?;
+        e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+    }
+}
+
+/// `y` `[rows, out]` plus the layer's bias, reshaped to `dims` with the last one replaced by `out`.
+pub(crate) fn with_bias(y: Tensor, l: &Linear, mut dims: Vec<usize>) -> Result<Tensor> {
+    let y = match &l.b {
+        Some(b) => y.broadcast_add(b)?,
+        None => y,
+    };
+    let last = dims.len() - 1;
+    dims[last] = l.w.dim(0)?;
+    y.reshape(dims)
+}
