@@ -42,7 +42,6 @@ pub fn run(cmd: &DataCommand) -> Result<()> {
         seed: a.seed,
         format: a.format.clone(),
     };
-    opts.validate()?;
     let configs = if a.config.is_empty() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
         ["cranfield-hash", "vaswani-hash", "musique-hash"]

@@ -205,6 +205,12 @@ pub fn read_jsonl<T: Versioned>(path: &Path) -> Result<Vec<T>> {
 /// Parses one line of a `T` file (see [`read_jsonl`]); the error says what is wrong.
 pub fn parse_line<T: Versioned>(line: &str) -> std::result::Result<T, String> {
     let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
+    parse_value(v)
+}
+
+/// A `T` from JSON already parsed (e.g. the step history inside a checkpoint's `trainer.json`),
+/// refused when of another `format_version` (or none) or with an unknown field.
+pub fn parse_value<T: Versioned>(v: serde_json::Value) -> std::result::Result<T, String> {
     match v.get("format_version").and_then(serde_json::Value::as_u64) {
         Some(n) if n == u64::from(T::FORMAT_VERSION) => {}
         Some(n) => {

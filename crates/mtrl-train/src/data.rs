@@ -118,73 +118,73 @@ fn write_tasks(path: &Path, tasks: &[Task], format: &str) -> Result<()> {
     Ok(())
 }
 
+/// The judged queries of `[search.eval]` as tasks, split into train, validation and test.
+fn split_tasks(cfg: &Config, a: &PrepareOptions) -> Result<[Vec<Task>; 3]> {
+    let eval = cfg.search()?.eval.as_ref().with_context(|| {
+        format!(
+            "{} has no [search.eval] queries/qrels",
+            cfg.source.display()
+        )
+    })?;
+    let qs = queries::load(&eval.queries)?;
+    let qrels = Qrels::load(&eval.qrels)?;
+    let (mut train, mut validation, mut test) = (Vec::new(), Vec::new(), Vec::new());
+    for t in tasks::from_qrels(&qs, &qrels) {
+        let u = unit(a.seed, &t.id);
+        if u < a.test_fraction {
+            test.push(t);
+        } else if u < a.test_fraction + a.validation_fraction {
+            validation.push(t);
+        } else {
+            train.push(t);
+        }
+    }
+    Ok([train, validation, test])
+}
+
+/// Writes `corpus` as `{"id","title","text"}` lines to `path`.
+fn write_corpus(path: &Path, corpus: &Corpus) -> Result<()> {
+    let ctx = || format!("cannot write {}", path.display());
+    let mut w = std::io::BufWriter::new(std::fs::File::create(path).with_context(ctx)?);
+    for d in corpus.documents() {
+        let row = json!({"id": d.id, "title": d.title, "text": d.text});
+        writeln!(w, "{row}").with_context(ctx)?;
+    }
+    w.flush().with_context(ctx)
+}
+
 /// Writes the corpus and the train/validation/test task files of one collection config into `dir`.
 pub fn prepare(cfg: &Config, dir: &Path, a: &PrepareOptions) -> Result<Prepared> {
     a.validate()?;
-    let path = &cfg.source;
-    let ext = a.format.as_str();
     let search = cfg.search()?;
-    {
-        let eval = search
-            .eval
-            .as_ref()
-            .with_context(|| format!("{} has no [search.eval] queries/qrels", path.display()))?;
-        let qs = queries::load(&eval.queries)?;
-        let qrels = Qrels::load(&eval.qrels)?;
-        let all = tasks::from_qrels(&qs, &qrels);
-        let (mut train, mut validation, mut test) = (Vec::new(), Vec::new(), Vec::new());
-        for t in all {
-            let u = unit(a.seed, &t.id);
-            if u < a.test_fraction {
-                test.push(t);
-            } else if u < a.test_fraction + a.validation_fraction {
-                validation.push(t);
-            } else {
-                train.push(t);
-            }
-        }
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let (corpus, report) = Corpus::load(&search.corpus, &search.columns, search.skip_bad_rows)?;
-        let corpus_path = dir.join("corpus.jsonl");
-        let mut w = std::io::BufWriter::new(
-            std::fs::File::create(&corpus_path)
-                .with_context(|| format!("cannot create {}", corpus_path.display()))?,
-        );
-        for d in corpus.documents() {
-            writeln!(
-                w,
-                "{}",
-                json!({"id": d.id, "title": d.title, "text": d.text})
-            )?;
-        }
-        w.flush()?;
-        for (split, ts) in [
-            ("train", &train),
-            ("validation", &validation),
-            ("test", &test),
-        ] {
-            write_tasks(&dir.join(format!("{split}.{ext}")), ts, ext)?;
-        }
-        let manifest = json!({
-            "format_version": 1,
-            "name": cfg.name,
-            "config": path,
-            "seed": a.seed,
-            "test_fraction": a.test_fraction,
-            "validation_fraction": a.validation_fraction,
-            "documents": corpus.len(),
-            "skipped_documents": report.skipped,
-            "tasks": {"train": train.len(), "validation": validation.len(), "test": test.len()},
-        });
-        std::fs::write(
-            dir.join("manifest.json"),
-            serde_json::to_string_pretty(&manifest)?,
-        )?;
-        Ok(Prepared {
-            name: cfg.name.clone(),
-            dir: dir.to_path_buf(),
-            documents: corpus.len(),
-            tasks: [train.len(), validation.len(), test.len()],
-        })
+    let splits = split_tasks(cfg, a)?;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let (corpus, report) = Corpus::load(&search.corpus, &search.columns, search.skip_bad_rows)?;
+    write_corpus(&dir.join("corpus.jsonl"), &corpus)?;
+    let ext = a.format.as_str();
+    for (split, ts) in ["train", "validation", "test"].iter().zip(&splits) {
+        write_tasks(&dir.join(format!("{split}.{ext}")), ts, ext)?;
     }
+    let [tr, va, te] = [&splits[0], &splits[1], &splits[2]].map(Vec::len);
+    let manifest = json!({
+        "format_version": 1,
+        "name": cfg.name,
+        "config": cfg.source,
+        "seed": a.seed,
+        "test_fraction": a.test_fraction,
+        "validation_fraction": a.validation_fraction,
+        "documents": corpus.len(),
+        "skipped_documents": report.skipped,
+        "tasks": {"train": tr, "validation": va, "test": te},
+    });
+    std::fs::write(
+        dir.join("manifest.json"),
+        serde_json::to_string_pretty(&manifest)?,
+    )?;
+    Ok(Prepared {
+        name: cfg.name.clone(),
+        dir: dir.to_path_buf(),
+        documents: corpus.len(),
+        tasks: [tr, va, te],
+    })
 }

@@ -26,7 +26,6 @@ use serde_json::Value;
 use crate::data::{self, PrepareOptions};
 use crate::error::{Context, Result};
 use crate::run::{train, TrainOptions};
-use crate::telemetry::RunStatus;
 use crate::{setup, sft, warm_start};
 
 /// How to run the default job.
@@ -189,15 +188,7 @@ fn warm_start_sft(
         .clone()
         .with_context(|| format!("{}: `sft.output` is required", cfg.source.display()))?;
     let examples = sft::examples(&codec, tools, teacher, progress)?;
-    let total = sft::total_steps(examples.len(), &cfg.sft);
-    let mut t = sft::telemetry(cfg, &out, total, progress)?;
-    let records = sft::fine_tune(&policy, &examples, &cfg.sft, &mut t);
-    t.finish(if records.is_ok() {
-        RunStatus::Finished
-    } else {
-        RunStatus::Failed
-    })?;
-    let records = records?;
+    let (records, _) = sft::fine_tune_logged(cfg, &policy, &examples, &out, progress)?;
     policy.save(&out, f32)?;
     sft::copy_tokenizer(&ws.tokenizer, &out)?;
     if let (Some(a), Some(b)) = (records.first(), records.last()) {

@@ -11,7 +11,7 @@ use mtrl_eval::{evaluate, EvalJob, EvalReport};
 use serde_json::Value;
 
 use crate::error::{Result, TrainError};
-use crate::telemetry::{MlflowSink, PrometheusSink, Record, RunStatus, Telemetry};
+use crate::telemetry::{status_of, MlflowSink, PrometheusSink, Record, Telemetry};
 
 /// What an evaluation produced.
 pub struct EvalOutcome {
@@ -53,10 +53,7 @@ pub fn run(cfg: &Config, job: EvalJob, out: &Path) -> Result<EvalOutcome> {
         }
         Ok((report, written))
     });
-    let telemetry = t.finish(match &done {
-        Ok(_) => RunStatus::Finished,
-        Err(_) => RunStatus::Failed,
-    })?;
+    let telemetry = t.finish(status_of(&done))?;
     let (report, written) = done?;
     Ok(EvalOutcome {
         report,

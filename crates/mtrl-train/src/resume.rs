@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use mtrl_core::config::ModelSource;
+use mtrl_core::config::{ModelSource, RANDOM_PRESETS};
 use mtrl_core::rng::hash_str;
 use mtrl_core::Config;
 use mtrl_learner::{CheckpointManager, Learner, TrainerState};
@@ -51,14 +51,8 @@ pub fn resume_keys(cfg: &Config) -> BTreeMap<String, String> {
     let mut k = BTreeMap::new();
     if let Some(m) = &cfg.model {
         let v = match &m.source {
-            ModelSource::Dir(d) | ModelSource::RandomConfig(d) => {
-                let prefix = if matches!(m.source, ModelSource::Dir(_)) {
-                    ""
-                } else {
-                    "random:"
-                };
-                format!("{prefix}{}", path_identity(d).display())
-            }
+            ModelSource::Dir(d) => path_identity(d).display().to_string(),
+            ModelSource::RandomConfig(d) => format!("random:{}", path_identity(d).display()),
             ModelSource::RandomPreset(_) => m.path_text.clone(),
         };
         k.insert("model.path".into(), v);
@@ -87,29 +81,29 @@ pub fn resume_keys(cfg: &Config) -> BTreeMap<String, String> {
     k
 }
 
+/// One item of a path key (`[random:]path[@weight]`) with its path canonical; a preset
+/// (`random:tiny`) names no file and stays as it is.
+fn canonical_item(item: &str) -> String {
+    let (path, weight) = match item.rsplit_once('@') {
+        Some((p, w)) if w.parse::<f64>().is_ok() => (p, Some(w)),
+        _ => (item, None),
+    };
+    let (prefix, path) = match path.strip_prefix("random:") {
+        Some(p) if RANDOM_PRESETS.contains(&p) => return item.to_string(),
+        Some(p) => ("random:", p),
+        None => ("", path),
+    };
+    let p = path_identity(Path::new(path));
+    match weight {
+        Some(w) => format!("{prefix}{}@{w}", p.display()),
+        None => format!("{prefix}{}", p.display()),
+    }
+}
+
 /// `old` (from a checkpoint, maybe written by a build that stored paths as spelled) and `new`
 /// name the same files.
 fn same_paths(old: &str, new: &str) -> bool {
-    let canon = |v: &str| -> Vec<String> {
-        v.split(", ")
-            .map(|item| {
-                let (path, weight) = match item.rsplit_once('@') {
-                    Some((p, w)) if w.parse::<f64>().is_ok() => (p, Some(w)),
-                    _ => (item, None),
-                };
-                let (prefix, path) = match path.strip_prefix("random:") {
-                    Some(rest) if !rest.is_empty() && rest != "tiny" => ("random:", rest),
-                    _ if path.starts_with("random:") => return item.to_string(),
-                    _ => ("", path),
-                };
-                let p = path_identity(Path::new(path));
-                match weight {
-                    Some(w) => format!("{prefix}{}@{w}", p.display()),
-                    None => format!("{prefix}{}", p.display()),
-                }
-            })
-            .collect()
-    };
+    let canon = |v: &str| v.split(", ").map(canonical_item).collect::<Vec<_>>();
     canon(old) == canon(new)
 }
 

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mtrl_core::record::parse_line;
+use mtrl_core::record::parse_value;
 use mtrl_core::{Config, StepRecord};
 use mtrl_learner::{AdamW, AdamWConfig, CheckpointManager, Learner, TrainerState};
 use mtrl_model::{Engine, Policy, SamplingParams};
@@ -106,35 +106,38 @@ struct Start {
     state: TrainerState,
     /// The mixer that mirrors the trained batches (its cursor is checkpointed).
     shadow: mtrl_env::Mixer,
-    /// The mixer rollouts draw from (ahead of `shadow` by the batches in flight).
-    mixer: mtrl_env::Mixer,
     resumed_from: Option<u64>,
 }
 
-/// The step records of a checkpoint's trainer state, refused when of another format version.
-fn history(st: &TrainerState, ckpt: &Path) -> Result<Vec<StepRecord>> {
-    st.metrics
-        .iter()
-        .enumerate()
-        .map(|(i, v)| {
-            parse_line::<StepRecord>(&v.to_string()).map_err(|m| {
-                TrainError::msg(format!(
-                    "{}: step record {} of trainer.json: {m}; resume with the mtrl that wrote \
-                     it, or pass --fresh",
-                    ckpt.display(),
-                    i + 1
-                ))
-            })
-        })
-        .collect()
+/// What [`start`] hands the run: where it starts, the policy and optimizer to train, and the
+/// mixer rollouts draw from (ahead of the shadow mixer by the batches in flight).
+type Started = (Start, Policy, AdamW, mtrl_env::Mixer);
+
+/// Refuses a checkpoint whose step history is not of this build's record format (the history
+/// is written back to `metrics.jsonl` as typed records).
+fn check_history(st: &TrainerState, ckpt: &Path) -> Result<()> {
+    for (i, v) in st.metrics.iter().enumerate() {
+        parse_value::<StepRecord>(v.clone()).map_err(|m| {
+            TrainError::msg(format!(
+                "{}: step record {} of trainer.json: {m}; resume with the mtrl that wrote it, \
+                 or pass --fresh",
+                ckpt.display(),
+                i + 1
+            ))
+        })?;
+    }
+    Ok(())
 }
 
+/// A fresh start from `initial`, or the newest valid checkpoint `latest` (then `initial` is
+/// dropped: it was loaded to check that the tokenizer fits the architecture).
 fn start(
     cfg: &Config,
-    parts: &ModelParts,
     data: &setup::Data,
+    initial: Policy,
     latest: Option<&Path>,
-) -> Result<(Start, Policy, AdamW)> {
+    parts: &ModelParts,
+) -> Result<Started> {
     let mut state = TrainerState {
         config_hash: resume::config_hash(cfg),
         resume_keys: resume::resume_keys(cfg),
@@ -146,19 +149,16 @@ fn start(
             weight_decay: cfg.train.weight_decay,
             ..AdamWConfig::default()
         });
-        let policy = setup::initial_policy(cfg, parts)?;
         let s = Start {
             state,
             shadow,
-            mixer,
             resumed_from: None,
         };
-        return Ok((s, policy, opt));
+        return Ok((s, initial, opt, mixer));
     };
     let st = CheckpointManager::load_state(ckpt)?;
     resume::check_resume_keys(cfg, &st, ckpt)?;
-    // The initial policy is still loaded: it checks that the tokenizer fits the architecture.
-    drop(setup::initial_policy(cfg, parts)?);
+    drop(initial);
     let policy = Policy::load(&ckpt.join("policy"), parts.dtype, &parts.device)
         .with_context(|| format!("loading the policy of {}", ckpt.display()))?;
     let opt = AdamW::load(ckpt, &parts.device)?;
@@ -167,18 +167,16 @@ fn start(
     shadow.restore(cursor)?;
     mixer.restore(shadow.cursor())?;
     eprintln!("resuming from {} (step {})", ckpt.display(), st.step);
-    // Refuse a history this build cannot write back as typed records.
-    history(&st, ckpt)?;
+    check_history(&st, ckpt)?;
     state.step = st.step;
     state.policy_version = st.policy_version;
     state.metrics = st.metrics;
     let s = Start {
         state,
         shadow,
-        mixer,
         resumed_from: Some(st.step),
     };
-    Ok((s, policy, opt))
+    Ok((s, policy, opt, mixer))
 }
 
 /// The config's sinks (JSONL always; Prometheus and MLflow as `[logging]` says; the bar when
@@ -205,7 +203,14 @@ fn telemetry(cfg: &Config, opts: &mut TrainOptions, s: &Start, until: u64) -> Re
     Ok(t)
 }
 
-fn rollout_settings(cfg: &Config, parts: &ModelParts, step: u64, until: u64) -> RolloutSettings {
+/// Rollouts from step `step` (learner at `version`) up to `until`.
+fn rollout_settings(
+    cfg: &Config,
+    parts: &ModelParts,
+    step: u64,
+    version: u64,
+    until: u64,
+) -> RolloutSettings {
     let b = cfg.train.global_batch_size;
     RolloutSettings {
         group_size: cfg.rollout.group_size,
@@ -221,7 +226,7 @@ fn rollout_settings(cfg: &Config, parts: &ModelParts, step: u64, until: u64) -> 
         seed: cfg.train.seed,
         stop_token_ids: parts.codec.stop_token_ids(),
         first_group: step * b as u64,
-        version: 0,
+        version,
         end_group: Some(until * b as u64),
     }
 }
@@ -245,13 +250,14 @@ pub fn train(cfg: &Config, mut opts: TrainOptions) -> Result<Summary> {
             r.reason
         );
     }
-    let (s, policy, opt) = start(cfg, &parts, &data, latest.as_deref())?;
+    let initial = setup::initial_policy(cfg, &parts)?;
+    let reference = (cfg.algorithm.kl_coef > 0.0)
+        .then(|| setup::copy_policy(&initial))
+        .transpose()?;
+    let (s, policy, opt, mixer) = start(cfg, &data, initial, latest.as_deref(), &parts)?;
     std::fs::create_dir_all(&cfg.checkpoint.dir)
         .with_context(|| format!("creating {}", cfg.checkpoint.dir.display()))?;
     let mut telemetry = telemetry(cfg, &mut opts, &s, until)?;
-    let reference = (cfg.algorithm.kl_coef > 0.0)
-        .then(|| setup::initial_policy(cfg, &parts))
-        .transpose()?;
     let step_cfg = setup::step_config(cfg, planned)?;
     let learner = Learner::new(policy, reference, opt, step_cfg, s.state.policy_version);
     let mut run = Loop {
@@ -264,7 +270,7 @@ pub fn train(cfg: &Config, mut opts: TrainOptions) -> Result<Summary> {
         until,
         records: Vec::new(),
     };
-    let out = run.go(&data, &opts, &mut telemetry);
+    let out = run.go(&data, mixer, &opts, &mut telemetry);
     let status = match &out {
         Ok(true) => RunStatus::Killed,
         Ok(false) => RunStatus::Finished,
@@ -303,7 +309,13 @@ struct Loop<'a> {
 
 impl Loop<'_> {
     /// Starts the rollouts, trains to `until`, checkpoints; `Ok(true)` when interrupted.
-    fn go(&mut self, data: &setup::Data, opts: &TrainOptions, t: &mut Telemetry) -> Result<bool> {
+    fn go(
+        &mut self,
+        data: &setup::Data,
+        mixer: mtrl_env::Mixer,
+        opts: &TrainOptions,
+        t: &mut Telemetry,
+    ) -> Result<bool> {
         let cfg = self.cfg;
         let engine = Engine::new(
             setup::copy_policy(&self.learner.policy)?,
@@ -319,10 +331,9 @@ impl Loop<'_> {
         if opts.watch_signals {
             watch_signals(&rt, opts.stop.clone());
         }
-        let mut settings = rollout_settings(cfg, self.parts, self.start.state.step, self.until);
-        settings.version = self.learner.version();
+        let (step, version) = (self.start.state.step, self.learner.version());
+        let settings = rollout_settings(cfg, self.parts, step, version, self.until);
         let first_group = settings.first_group;
-        let mixer = std::mem::replace(&mut self.start.mixer, data.mixer()?);
         let (rollout, rx) = Rollout::start(engine, envs, Box::new(mixer), settings, rt.handle())?;
         let mut batches = InOrder::new(rx, first_group);
         let trajs = cfg

@@ -26,7 +26,7 @@ use crate::bail;
 use crate::error::{Context, Result};
 use crate::setup;
 use crate::telemetry::{
-    JsonlSink, MlflowSink, ProgressSink, PrometheusSink, Record, RunStatus, Telemetry,
+    status_of, JsonlSink, MlflowSink, ProgressSink, PrometheusSink, Record, Telemetry,
 };
 
 /// Where `mtrl sft` reads and writes.
@@ -103,13 +103,13 @@ pub fn examples(
 }
 
 /// Optimizer steps of fine-tuning on `n` examples.
-pub fn total_steps(n: usize, s: &SftSettings) -> u64 {
+fn total_steps(n: usize, s: &SftSettings) -> u64 {
     (n.div_ceil(s.batch_size) * s.epochs) as u64
 }
 
 /// The sinks of an SFT run writing into `out`: `sft-metrics.jsonl` there, the bar when
 /// `progress`, Prometheus and MLflow (`<name>-sft`) as `[logging]` says.
-pub fn telemetry(cfg: &Config, out: &Path, total: u64, progress: bool) -> Result<Telemetry> {
+fn telemetry(cfg: &Config, out: &Path, total: u64, progress: bool) -> Result<Telemetry> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let mut t = Telemetry::new();
     t.push(Box::new(JsonlSink::create(
@@ -126,6 +126,22 @@ pub fn telemetry(cfg: &Config, out: &Path, total: u64, progress: bool) -> Result
         t.push(Box::new(ProgressSink::sft(total)));
     }
     Ok(t)
+}
+
+/// [`fine_tune`] with the sinks of an SFT run writing into `out` (see [`telemetry`]); returns the
+/// records and the sinks' summary (`{prometheus, mlflow}`).
+pub fn fine_tune_logged(
+    cfg: &Config,
+    policy: &Policy,
+    examples: &[SftExample],
+    out: &Path,
+    progress: bool,
+) -> Result<(Vec<SftRecord>, Value)> {
+    let total = total_steps(examples.len(), &cfg.sft);
+    let mut t = telemetry(cfg, out, total, progress)?;
+    let records = fine_tune(policy, examples, &cfg.sft, &mut t);
+    let summary = t.finish(status_of(&records))?;
+    Ok((records?, summary))
 }
 
 /// Fine-tunes `policy` in place on `examples`; every step's record goes to `telemetry`.
@@ -221,14 +237,7 @@ pub fn run(cfg: &Config, o: &SftOptions) -> Result<SftSummary> {
     let (index, _) = setup::open_index(cfg, !o.progress)?;
     let tools = tool_schemas(cfg, Arc::new(index));
     let examples = examples(parts.codec.as_ref(), &tools, &trajs, o.progress)?;
-    let total = total_steps(examples.len(), s);
-    let mut t = telemetry(cfg, &out, total, o.progress)?;
-    let records = fine_tune(&policy, &examples, s, &mut t);
-    let telemetry = t.finish(match &records {
-        Ok(_) => RunStatus::Finished,
-        Err(_) => RunStatus::Failed,
-    })?;
-    let records = records?;
+    let (records, telemetry) = fine_tune_logged(cfg, &policy, &examples, &out, o.progress)?;
     policy
         .save(&out, parts.dtype)
         .with_context(|| format!("saving the fine-tuned policy into {}", out.display()))?;

@@ -82,6 +82,14 @@ pub trait Sink: Send {
     }
 }
 
+/// How a run that returned `r` ended: finished, or failed on its error.
+pub fn status_of<T, E>(r: &std::result::Result<T, E>) -> RunStatus {
+    match r {
+        Ok(_) => RunStatus::Finished,
+        Err(_) => RunStatus::Failed,
+    }
+}
+
 /// The sinks of one run.
 #[derive(Default)]
 pub struct Telemetry {
