@@ -56,6 +56,8 @@ enum BenchCommand {
     Search(cmd::bench_search::BenchSearchArgs),
     /// Prefill, decode and training throughput of the policy model.
     Model(cmd::bench_model::BenchModelArgs),
+    /// Multi-turn rollout episodes/s of the paged engine against the legacy one, side by side.
+    Engine(cmd::bench_engine::BenchEngineArgs),
     /// The same short training run with several staleness bounds η, side by side.
     Train(cmd::bench_train::BenchTrainArgs),
 }
@@ -80,6 +82,7 @@ fn main() {
         Some(Command::Plot(a)) => cmd::plot::run(&a),
         Some(Command::Bench(BenchCommand::Search(a))) => cmd::bench_search::run(&a),
         Some(Command::Bench(BenchCommand::Model(a))) => cmd::bench_model::run(&a),
+        Some(Command::Bench(BenchCommand::Engine(a))) => cmd::bench_engine::run(&a),
         Some(Command::Bench(BenchCommand::Train(a))) => cmd::bench_train::run(&a),
     };
     if let Err(err) = result {

@@ -106,8 +106,9 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         max_new_tokens: args.max_new_tokens,
         stop_token_ids: stop_ids(&policy, tokenizer.as_ref()),
         stop_strings: vec![],
+        session: None,
     };
-    let mut engine = Engine::new(policy, tokenizer.clone(), 0, 1);
+    let mut engine = Engine::new(policy, tokenizer.clone(), 0, 1)?;
     let Some(c) = engine.generate(vec![req])?.into_iter().next() else {
         bail!("the engine returned no completion")
     };

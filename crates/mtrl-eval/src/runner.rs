@@ -127,8 +127,9 @@ pub fn run_policy(
     env.max_context_tokens = env
         .max_context_tokens
         .min(policy.config().max_position_embeddings);
-    let engine = EngineThread::spawn(Engine::new(policy, None, 0, run.max_batch))
+    let engine = Engine::new(policy, None, 0, run.max_batch)
         .map_err(|e| episode_error(run.label, "-", e))?;
+    let engine = EngineThread::spawn(engine).map_err(|e| episode_error(run.label, "-", e))?;
     let (index, codec) = (run.index.clone(), run.codec.clone());
     SearchEnv::standard(env.clone(), index.clone())
         .map_err(|e| episode_error(run.label, "-", e))?;

@@ -21,7 +21,7 @@ use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
 
 use crate::config::Config;
-use crate::engine::{Engine, GenerationRequest};
+use crate::engine::{Engine, EngineOptions, GenerationRequest};
 use crate::error::Result;
 use crate::kv_cache::KvCache;
 use crate::logprobs::logprobs_and_grads;
@@ -125,7 +125,7 @@ impl MemPeak {
 }
 
 /// Deterministic pseudo-random token ids (no RNG dependency on the bench path).
-fn ids(n: usize, vocab: usize, salt: u64) -> Vec<u32> {
+pub(crate) fn ids(n: usize, vocab: usize, salt: u64) -> Vec<u32> {
     let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ salt;
     (0..n)
         .map(|_| {
@@ -291,7 +291,12 @@ fn decode_at(
 ) -> Result<DecodeReport> {
     let mut best = (0f64, 0f64);
     for rep in 0..=opts.repeats.max(1) {
-        let mut engine = Engine::new(policy.clone(), None, 0, b);
+        // One prefill step for all prompts, as the peer and the figure's definition assume.
+        let eo = EngineOptions {
+            prefill_chunk_tokens: b * opts.prompt_len,
+            ..EngineOptions::new(b)
+        };
+        let mut engine = Engine::with_options(policy.clone(), None, 0, eo)?;
         for i in 0..b {
             engine.submit(GenerationRequest {
                 prompt: ids(opts.prompt_len, vocab, 1000 + i as u64),
@@ -299,6 +304,7 @@ fn decode_at(
                 max_new_tokens: opts.new_tokens,
                 stop_token_ids: vec![],
                 stop_strings: vec![],
+                session: None,
             })?;
         }
         let start = Instant::now();

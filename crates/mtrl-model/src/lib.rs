@@ -20,7 +20,9 @@
 //! truncation, the same quantity the learner computes; weights are only replaced between decode
 //! steps; unsupported checkpoints are refused at load, never approximated.
 
+pub mod batch_sampler;
 pub mod bench;
+pub mod bench_engine;
 pub mod chat_template;
 pub mod checkpoint;
 pub mod codec;
@@ -29,6 +31,7 @@ mod cpu;
 pub mod engine;
 pub mod error;
 pub mod kv_cache;
+pub mod kv_pool;
 pub mod logprobs;
 pub mod policy;
 pub mod sampler;
@@ -40,7 +43,8 @@ pub use chat_template::{ChatOptions, ChatTemplate};
 pub use codec::TemplateCodec;
 pub use config::{parse_device, parse_dtype, Config, Family, GenerationConfig};
 pub use engine::{
-    Completion, Engine, FinishReason, GenerationRequest, SampledToken, SeqId, StepOutput,
+    Completion, Engine, EngineCounters, EngineOptions, FinishReason, GenerationRequest,
+    LegacyEngine, SampledToken, SeqId, StepOutput,
 };
 pub use error::{ModelError, Result};
 pub use kv_cache::KvCache;

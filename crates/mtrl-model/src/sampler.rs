@@ -80,6 +80,22 @@ pub struct Sampled {
 
 /// Samples one token from `logits` (one row, raw model output).
 pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut ChaCha8Rng) -> Sampled {
+    let u = draw(params, rng);
+    sample_with(logits, params, u)
+}
+
+/// The sequence's one uniform draw for its next token: `rng.random::<f64>()`, or no draw at all
+/// (0) for greedy decoding, so a greedy sequence's RNG never advances.
+pub fn draw(params: &SamplingParams, rng: &mut ChaCha8Rng) -> f64 {
+    if params.temperature == 0.0 {
+        0.0
+    } else {
+        rng.random::<f64>()
+    }
+}
+
+/// [`sample`] with the uniform draw `u` given.
+pub fn sample_with(logits: &[f32], params: &SamplingParams, u: f64) -> Sampled {
     let greedy = params.temperature == 0.0;
     let t = if greedy { 1.0 } else { params.temperature };
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
@@ -102,7 +118,6 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut ChaCha8Rng) -> 
         };
     }
     let weight = |i: usize| ((logits[i] as f64 - max) / t).exp();
-    let u: f64 = rng.random::<f64>();
     let v = logits.len();
     if (params.top_k == 0 || params.top_k >= v) && params.top_p >= 1.0 {
         let total: f64 = (0..v).map(weight).sum();

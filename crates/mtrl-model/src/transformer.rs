@@ -33,6 +33,7 @@ pub(crate) use rope::Angles;
 use rope::Rope;
 
 pub(crate) mod backend;
+pub mod paged;
 mod rope;
 
 /// Weight lookup used while building the model: `(HF name, expected shape)` → tensor.

@@ -23,6 +23,7 @@ fn req(prompt: Vec<u32>, n: usize, sampling: SamplingParams) -> GenerationReques
         max_new_tokens: n,
         stop_token_ids: vec![],
         stop_strings: vec![],
+        session: None,
     }
 }
 
@@ -38,13 +39,14 @@ fn join_leave_and_batch_invariance(dev: &Device) {
         .zip(lens)
         .map(|(p, n)| {
             Engine::new(policy(dev), None, 0, 1)
+                .unwrap()
                 .generate(vec![req(p.clone(), n, SamplingParams::greedy())])
                 .unwrap()[0]
                 .tokens
                 .clone()
         })
         .collect();
-    let mut e = Engine::new(policy(dev), None, 0, 2);
+    let mut e = Engine::new(policy(dev), None, 0, 2).unwrap();
     let ids: Vec<u64> = prompts
         .iter()
         .zip(lens)
@@ -81,7 +83,7 @@ fn seeds_and_logprob_consistency(dev: &Device) {
         top_k: 20,
         seed,
     };
-    let mut e = Engine::new(policy(dev), None, 0, 8);
+    let mut e = Engine::new(policy(dev), None, 0, 8).unwrap();
     let out = e
         .generate(vec![
             req(prompt.clone(), 16, sp(1)),
@@ -113,7 +115,7 @@ fn seeds_and_logprob_consistency(dev: &Device) {
 }
 
 fn weight_update_tags_versions(dev: &Device) {
-    let mut e = Engine::new(policy(dev), None, 3, 4);
+    let mut e = Engine::new(policy(dev), None, 3, 4).unwrap();
     let id = e
         .submit(req(vec![5, 6, 7, 8], 6, SamplingParams::greedy()))
         .unwrap();
@@ -134,8 +136,8 @@ fn weight_update_tags_versions(dev: &Device) {
             assert_eq!(c.seq, id);
             assert_eq!(
                 c.versions,
-                vec![3, 3, 3, 4, 4, 4],
-                "logits computed before the update keep version 3"
+                vec![3, 3, 4, 4, 4, 4],
+                "tokens sampled before the update keep version 3"
             );
         }
     }
@@ -163,7 +165,7 @@ fn stop_conditions(dev: &Device) {
     let (g, _) = golden("qwen3");
     let prompt = ids_vec(&g["gen.prompt_ids"]);
     let want = ids_vec(&g["gen.output_ids"]);
-    let mut e = Engine::new(policy(dev), Some(tok.clone()), 0, 4);
+    let mut e = Engine::new(policy(dev), Some(tok.clone()), 0, 4).unwrap();
     let mut r = req(prompt.clone(), 20, SamplingParams::greedy());
     let k = (2..want.len())
         .find(|&i| !want[..i].contains(&want[i]))

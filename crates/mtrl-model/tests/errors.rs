@@ -173,13 +173,14 @@ fn prompts_longer_than_context() {
         .unwrap_err()
         .to_string()
         .contains("context window"));
-    let mut e = Engine::new(p, None, 0, 1);
+    let mut e = Engine::new(p, None, 0, 1).unwrap();
     let r = GenerationRequest {
         prompt: vec![1; max],
         sampling: SamplingParams::greedy(),
         max_new_tokens: 1,
         stop_token_ids: vec![],
         stop_strings: vec![],
+        session: None,
     };
     assert!(e
         .submit(r.clone())

@@ -130,13 +130,14 @@ fn greedy_generation(kind: &str, dev: &Device) {
     );
     assert!(d < 1e-4, "{kind} gen.step_logits diff {d}");
     // the engine, greedy, alone and in a batch with other sequences
-    let mut e = Engine::new(p, None, 0, 8);
+    let mut e = Engine::new(p, None, 0, 8).unwrap();
     let req = |prompt: Vec<u32>, n| GenerationRequest {
         prompt,
         sampling: SamplingParams::greedy(),
         max_new_tokens: n,
         stop_token_ids: vec![],
         stop_strings: vec![],
+        session: None,
     };
     let out = e
         .generate(vec![

@@ -24,9 +24,13 @@ use crate::error::{Result, RolloutError};
 
 type Reply = oneshot::Sender<std::result::Result<Completion, String>>;
 
-struct Job {
-    req: GenerationRequest,
-    reply: Reply,
+enum Job {
+    Generate {
+        req: GenerationRequest,
+        reply: Reply,
+    },
+    /// The episode of this session is over: drop its resident keys/values.
+    Release(u64),
 }
 
 /// New weights for the engine (HF names), tagged with their policy version.
@@ -46,6 +50,10 @@ pub struct EngineStats {
     pub tokens: AtomicU64,
     /// Decode steps run.
     pub steps: AtomicU64,
+    /// Prompt tokens run through the model (the engine's `prefill_tokens`).
+    pub prefill_tokens: AtomicU64,
+    /// Prompt tokens taken from resident sessions instead (`reused_tokens`).
+    pub reused_tokens: AtomicU64,
     /// The version the engine serves.
     pub version: AtomicU64,
 }
@@ -61,13 +69,19 @@ impl GenClient {
     pub async fn generate(&self, req: GenerationRequest) -> Result<Completion> {
         let (tx, rx) = oneshot::channel();
         self.jobs
-            .send(Job { req, reply: tx })
+            .send(Job::Generate { req, reply: tx })
             .map_err(|_| RolloutError::EngineStopped)?;
         match rx.await {
             Ok(Ok(c)) => Ok(c),
             Ok(Err(e)) => Err(RolloutError::Engine(e)),
             Err(_) => Err(RolloutError::EngineStopped),
         }
+    }
+
+    /// Tells the engine that `session` will send no more requests (its keys/values may go).
+    /// A stopped engine has nothing to release, so this never fails.
+    pub fn release(&self, session: u64) {
+        let _ = self.jobs.send(Job::Release(session));
     }
 }
 
@@ -126,6 +140,7 @@ fn empty(req: GenerationRequest) -> Completion {
         tokens: Vec::new(),
         logprobs: Vec::new(),
         versions: Vec::new(),
+        truncated_logprobs: Vec::new(),
         finish: FinishReason::Length,
     }
 }
@@ -139,17 +154,21 @@ fn engine_loop(
 ) -> std::result::Result<(), String> {
     let mut pending: HashMap<SeqId, Reply> = HashMap::new();
     let take = |engine: &mut Engine, job: Job, pending: &mut HashMap<SeqId, Reply>| {
-        if job.req.max_new_tokens == 0 {
+        let (req, reply) = match job {
+            Job::Release(session) => return engine.release(session),
+            Job::Generate { req, reply } => (req, reply),
+        };
+        if req.max_new_tokens == 0 {
             // The engine drops such requests silently; answer at once instead.
-            let _ = job.reply.send(Ok(empty(job.req)));
+            let _ = reply.send(Ok(empty(req)));
             return;
         }
-        match engine.submit(job.req) {
+        match engine.submit(req) {
             Ok(id) => {
-                pending.insert(id, job.reply);
+                pending.insert(id, reply);
             }
             Err(e) => {
-                let _ = job.reply.send(Err(e.to_string()));
+                let _ = reply.send(Err(e.to_string()));
             }
         }
     };
@@ -203,6 +222,13 @@ fn engine_loop(
         let ns = t0.elapsed().as_nanos() as u64;
         stats.generate_ns.fetch_add(ns, Ordering::Relaxed);
         stats.steps.fetch_add(1, Ordering::Relaxed);
+        let c = engine.counters();
+        stats
+            .prefill_tokens
+            .store(c.prefill_tokens, Ordering::Relaxed);
+        stats
+            .reused_tokens
+            .store(c.reused_tokens, Ordering::Relaxed);
         stats
             .tokens
             .fetch_add(out.tokens.len() as u64, Ordering::Relaxed);

@@ -3,7 +3,9 @@
 //! The context is kept here as the concatenation of every observation's new tokens and every
 //! sampled id, which is exactly the environment's transcript (checked against
 //! `Observation::context_len`); each turn is one generation request whose prompt is that context.
-//! Environment calls (tool execution, tokenization, scoring) run on tokio's blocking pool.
+//! The requests of one episode share an engine session, so the engine keeps the conversation's
+//! keys/values between turns and prefills only what the environment added (released when the
+//! episode ends, however it ends). Environment calls (tool execution, tokenization, scoring) run on tokio's blocking pool.
 //!
 //! Seeds: the sampling seed of (group, sample, turn) is a hash of them and the run seed, so what
 //! a sequence samples does not depend on which other sequences share its decode batches (given
@@ -75,14 +77,44 @@ pub async fn run_episode(
     id: EpisodeId,
 ) -> Result<Trajectory> {
     let name = task.id.clone();
-    let (mut env, mut step) = blocking(env, &name, &cx.stats, move |e| e.reset(&task)).await?;
+    let (env, step) = blocking(env, &name, &cx.stats, move |e| e.reset(&task)).await?;
+    // Dropped on every way out (done, error, cancelled): the engine may then free the session.
+    let _release = Release(&cx.gen, session_key(cx.seed, id));
+    let env = turns(cx, env, step, &name, id).await?;
+    let (_, traj) = blocking(env, &name, &cx.stats, |e| e.finish()).await?;
+    record(&traj);
+    Ok(traj)
+}
+
+/// The engine session of an episode: its conversation stays resident between model calls.
+fn session_key(seed: u64, id: EpisodeId) -> u64 {
+    mtrl_core::rng::sample_seed(seed, id.group, id.sample, u64::MAX)
+}
+
+/// Releases an episode's engine session when dropped.
+struct Release<'a>(&'a GenClient, u64);
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        self.0.release(self.1);
+    }
+}
+
+/// The model calls of an episode, until the environment says it is done; returns the environment.
+async fn turns(
+    cx: &EpisodeContext,
+    mut env: Box<dyn Environment>,
+    mut step: Step,
+    name: &str,
+    id: EpisodeId,
+) -> Result<Box<dyn Environment>> {
     let mut context: Vec<u32> = Vec::new();
     let mut turn = 0u64;
     while let Step::Continue(obs) = step {
         context.extend_from_slice(&obs.new_tokens);
         if obs.context_len != context.len() {
             return Err(RolloutError::Env {
-                task: name,
+                task: name.to_string(),
                 message: format!(
                     "observation says the context has {} tokens, the episode holds {}",
                     obs.context_len,
@@ -99,6 +131,7 @@ pub async fn run_episode(
             max_new_tokens: obs.max_new_tokens,
             stop_token_ids: cx.stop_token_ids.clone(),
             stop_strings: Vec::new(),
+            session: Some(session_key(cx.seed, id)),
         };
         let c = cx.gen.generate(req).await?;
         context.extend_from_slice(&c.tokens);
@@ -107,14 +140,12 @@ pub async fn run_episode(
             logprobs: c.logprobs,
             versions: c.versions,
         };
-        let (e, s) = blocking(env, &name, &cx.stats, move |e| e.step(action)).await?;
+        let (e, s) = blocking(env, name, &cx.stats, move |e| e.step(action)).await?;
         env = e;
         step = s;
         turn += 1;
     }
-    let (_, traj) = blocking(env, &name, &cx.stats, |e| e.finish()).await?;
-    record(&traj);
-    Ok(traj)
+    Ok(env)
 }
 
 /// Facade counters of a finished episode (tool names come from the environment's tool set, so

@@ -317,12 +317,12 @@ impl Loop<'_> {
         t: &mut Telemetry,
     ) -> Result<bool> {
         let cfg = self.cfg;
-        let engine = Engine::new(
+        let engine = Engine::with_options(
             setup::copy_policy(&self.learner.policy)?,
             None,
             self.learner.version(),
-            cfg.rollout.max_batch,
-        );
+            setup::engine_options(cfg),
+        )?;
         let envs = setup::env_factory(cfg, data, self.parts.codec.clone(), !opts.progress)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

@@ -258,13 +258,14 @@ fn greedy_checks(r: &mut Report, kind: &str, p: &Policy, g: &Golden, dev: &Devic
         None,
         1e-4,
     )?;
-    let mut e = Engine::new(p.clone(), None, 0, 8);
+    let mut e = Engine::new(p.clone(), None, 0, 8)?;
     let req = |prompt: Vec<u32>, n| GenerationRequest {
         prompt,
         sampling: SamplingParams::greedy(),
         max_new_tokens: n,
         stop_token_ids: vec![],
         stop_strings: vec![],
+        session: None,
     };
     let out = e.generate(vec![
         req(prompt.clone(), want.len()),

@@ -12,7 +12,7 @@ use mtrl_core::{ChatCodec, Config};
 use mtrl_env::{Mixer, SearchEnv, TaskSets};
 use mtrl_learner::{Decay, LrSchedule, StepConfig};
 use mtrl_model::policy::parameter_shapes;
-use mtrl_model::{Policy, TemplateCodec, Tokenizer};
+use mtrl_model::{EngineOptions, Policy, TemplateCodec, Tokenizer};
 use mtrl_rollout::{EnvFactory, PickEnv};
 use mtrl_search::index::BuildReport;
 use mtrl_search::SearchIndex;
@@ -127,6 +127,20 @@ pub fn copy_policy(p: &Policy) -> Result<Policy> {
         p.dtype(),
         p.device(),
     )?)
+}
+
+/// The rollout engine's batching and memory, from `[rollout]`: by default every episode in flight
+/// may keep its whole context resident between turns (`rollout_max_concurrency` ×
+/// `env.max_context_tokens` positions, plus a batch of joiners' prompts).
+pub fn engine_options(cfg: &Config) -> EngineOptions {
+    let r = &cfg.rollout;
+    let default =
+        (r.rollout_max_concurrency + r.max_batch) * cfg.env_or_default().max_context_tokens;
+    EngineOptions {
+        max_batch: r.max_batch,
+        kv_cache_tokens: Some(r.kv_cache_tokens.unwrap_or(default)),
+        prefill_chunk_tokens: r.prefill_chunk_tokens,
+    }
 }
 
 pub struct Data {

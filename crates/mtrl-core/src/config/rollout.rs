@@ -8,6 +8,9 @@
 //! top_p = 1.0
 //! top_k = 0                      # 0 = off
 //! max_batch = 32                 # sequences per decode step (default: rollout_max_concurrency)
+//! kv_cache_tokens = 65536        # positions the engine keeps resident, all episodes together
+//!                                # (default: rollout_max_concurrency × env.max_context_tokens)
+//! prefill_chunk_tokens = 512     # prompt tokens prefilled per engine step, across sequences
 //! environment = "search"         # or "pick": one-token toy task for CI (see mtrl-rollout)
 //! ```
 
@@ -25,6 +28,8 @@ pub struct RolloutSpec {
     pub top_p: Option<f64>,
     pub top_k: Option<usize>,
     pub max_batch: Option<usize>,
+    pub kv_cache_tokens: Option<usize>,
+    pub prefill_chunk_tokens: Option<usize>,
     pub environment: Option<String>,
 }
 
@@ -54,6 +59,9 @@ pub struct RolloutConfig {
     pub top_p: f64,
     pub top_k: usize,
     pub max_batch: usize,
+    /// `None`: every episode in flight can keep its whole context resident.
+    pub kv_cache_tokens: Option<usize>,
+    pub prefill_chunk_tokens: usize,
     pub environment: EnvironmentKind,
 }
 
@@ -66,6 +74,8 @@ impl Default for RolloutConfig {
             top_p: 1.0,
             top_k: 0,
             max_batch: 32,
+            kv_cache_tokens: None,
+            prefill_chunk_tokens: 512,
             environment: EnvironmentKind::Search,
         }
     }
@@ -115,6 +125,16 @@ impl RolloutSpec {
                 self.max_batch.unwrap_or(conc),
                 1,
                 1 << 16,
+            )?,
+            kv_cache_tokens: self
+                .kv_cache_tokens
+                .map(|n| ctx.range("rollout.kv_cache_tokens", n, 2, 1 << 32))
+                .transpose()?,
+            prefill_chunk_tokens: ctx.range(
+                "rollout.prefill_chunk_tokens",
+                self.prefill_chunk_tokens.unwrap_or(d.prefill_chunk_tokens),
+                1,
+                1 << 20,
             )?,
             environment,
         })

@@ -9,14 +9,16 @@
 //! - SwiGLU: [`swiglu::SwiGlu`];
 //! - training only: the MLP over one packed gate/up product ([`swiglu::SwiGluPacked`]) and the
 //!   self-attention over one packed q/k/v product ([`packed`]);
-//! - inference only: the decode attention over all caches at once ([`decode`]).
+//! - inference only: the decode attention over all caches at once ([`decode`]), and over the
+//!   engine's paged store ([`paged`]).
 
 use candle_core::{DType, Result, Tensor};
 
 use super::attn::MaskedAttention;
-use super::{decode, linear, norm_rope, packed, skinny, swiglu};
+use super::{decode, linear, norm_rope, packed, paged, skinny, swiglu};
 use crate::kv_cache::KvCache;
 use crate::transformer::backend::{with_bias, Backend, Candle};
+use crate::transformer::paged::{decode_gathered, DecodeTable};
 use crate::transformer::{decode_per_sequence, Angles, Attention, Linear, Mlp};
 
 /// The CPU f32 kernels (see the module docs).
@@ -153,5 +155,19 @@ impl Backend for CpuF32 {
             return decode_per_sequence(self, li, q, k, v, caches);
         }
         decode::decode_attention(li, q, k, v, caches)
+    }
+
+    fn paged_decode_attention(
+        &self,
+        q: &Tensor,
+        k_pool: &Tensor,
+        v_pool: &Tensor,
+        kv: usize,
+        table: &DecodeTable,
+    ) -> Result<Tensor> {
+        if self.differentiable || q.dtype() != DType::F32 || k_pool.dtype() != DType::F32 {
+            return decode_gathered(self, q, k_pool, v_pool, kv, table);
+        }
+        paged::paged_decode_attention(q, k_pool, v_pool, kv, table)
     }
 }

@@ -12,7 +12,7 @@
 //! [`logits`]. Nothing else in the crate looks at the device.
 //!
 //! Map: [`backend`] (which kernel serves which decoder op) · [`linear`], [`skinny`], [`gemm`]
-//! (products) · [`attn`], [`attn_blocks`], [`packed`], [`decode`] (attention) · [`swiglu`],
+//! (products) · [`attn`], [`attn_blocks`], [`packed`], [`decode`], [`paged`] (attention) · [`swiglu`],
 //! [`norm_rope`] (elementwise and row ops) · [`logits`] (the log-prob head) · [`vexp`],
 //! [`vector`] (the shared `exp`, `dot`, `max`) · [`pool`] (threads, the shared pointer) ·
 //! [`storage`] (tensor data as slices) · [`alloc`] (glibc malloc tuning).
@@ -52,6 +52,7 @@ mod linear;
 pub(crate) mod logits;
 mod norm_rope;
 mod packed;
+mod paged;
 mod pool;
 mod skinny;
 mod storage;

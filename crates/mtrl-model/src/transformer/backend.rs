@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Result, Tensor, D};
 
+use super::paged::{self, DecodeTable};
 use super::{decode_per_sequence, Angles, Attention, Linear, Mlp};
 use crate::kv_cache::KvCache;
 
@@ -67,6 +68,18 @@ pub(crate) trait Backend: fmt::Debug + Send + Sync {
         k: &Tensor,
         v: &Tensor,
         caches: &mut [&mut KvCache],
+    ) -> Result<Tensor>;
+
+    /// The engine's decode attention: `q` `[n, heads, 1, d]` attends over the positions of
+    /// `table` in the paged pool buffers `[slots, kv · d]`; returns `[n, 1, heads · d]` (spelled
+    /// out: [`paged::decode_gathered`]).
+    fn paged_decode_attention(
+        &self,
+        q: &Tensor,
+        k_pool: &Tensor,
+        v_pool: &Tensor,
+        kv: usize,
+        table: &DecodeTable,
     ) -> Result<Tensor>;
 }
 
@@ -181,6 +194,17 @@ impl Backend for Candle {
         caches: &mut [&mut KvCache],
     ) -> Result<Tensor> {
         decode_per_sequence(self, li, q, k, v, caches)
+    }
+
+    fn paged_decode_attention(
+        &self,
+        q: &Tensor,
+        k_pool: &Tensor,
+        v_pool: &Tensor,
+        kv: usize,
+        table: &DecodeTable,
+    ) -> Result<Tensor> {
+        paged::decode_gathered(self, q, k_pool, v_pool, kv, table)
     }
 }
 

@@ -1,4 +1,5 @@
-//! Batched generation engine for rollouts.
+//! The engine before paged KV and turn reuse, kept runnable only for the side-by-side comparison of
+//! `mtrl bench engine` (remove it once those numbers are in the notes).
 //!
 //! One decode loop serves many concurrent sequences. Each sequence owns its KV cache, RNG, length
 //! and stop conditions. A call to [`Engine::step`]:
@@ -24,80 +25,12 @@ use std::sync::Arc;
 use candle_core::{DType, Tensor};
 use rand_chacha::ChaCha8Rng;
 
+use super::{Completion, FinishReason, GenerationRequest, SampledToken, SeqId, StepOutput};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::policy::Policy;
-use crate::sampler::{sample, SamplingParams};
+use crate::sampler::sample;
 use crate::tokenizer::Tokenizer;
-
-/// Identifier of a submitted sequence.
-pub type SeqId = u64;
-
-/// What to generate.
-#[derive(Debug, Clone)]
-pub struct GenerationRequest {
-    pub prompt: Vec<u32>,
-    pub sampling: SamplingParams,
-    pub max_new_tokens: usize,
-    /// Generation stops after emitting any of these ids (the id is kept).
-    pub stop_token_ids: Vec<u32>,
-    /// Generation stops once the decoded new text contains any of these (tokens are kept).
-    pub stop_strings: Vec<String>,
-}
-
-/// Why a sequence stopped.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FinishReason {
-    /// Emitted a stop token id.
-    Eos,
-    /// The new text contains this stop string.
-    StopString(String),
-    /// Reached `max_new_tokens`.
-    Length,
-    /// Reached the model's context window.
-    ContextFull,
-}
-
-impl FinishReason {
-    /// A short name: `eos`, `stop`, `length`, `context`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Self::Eos => "eos",
-            Self::StopString(_) => "stop",
-            Self::Length => "length",
-            Self::ContextFull => "context",
-        }
-    }
-}
-
-/// One sampled token.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SampledToken {
-    pub seq: SeqId,
-    pub token: u32,
-    /// `log_softmax(logits / T)[token]`, full vocabulary, before truncation.
-    pub logprob: f32,
-    /// Policy version whose weights produced the logits.
-    pub version: u64,
-}
-
-/// A finished sequence.
-#[derive(Debug, Clone)]
-pub struct Completion {
-    pub seq: SeqId,
-    pub prompt: Vec<u32>,
-    pub tokens: Vec<u32>,
-    pub logprobs: Vec<f32>,
-    pub versions: Vec<u64>,
-    pub finish: FinishReason,
-}
-
-/// What one step produced.
-#[derive(Debug, Default)]
-pub struct StepOutput {
-    pub tokens: Vec<SampledToken>,
-    pub finished: Vec<Completion>,
-}
 
 struct Active {
     id: SeqId,
@@ -112,7 +45,7 @@ struct Active {
 }
 
 /// The generation engine. Owns its policy copy.
-pub struct Engine {
+pub struct LegacyEngine {
     policy: Policy,
     tokenizer: Option<Arc<Tokenizer>>,
     version: u64,
@@ -126,7 +59,7 @@ fn last_row_logits(policy: &Policy, hidden: &Tensor) -> Result<Tensor> {
     Ok(policy.inference().logits(hidden)?.to_dtype(DType::F32)?)
 }
 
-impl Engine {
+impl LegacyEngine {
     /// An engine serving at most `max_batch` sequences per decode step. The tokenizer is needed
     /// only for stop strings.
     pub fn new(
@@ -276,6 +209,7 @@ impl Engine {
                 seq: a.id,
                 token: s.token,
                 logprob: s.logprob,
+                truncated_logprob: f32::NAN,
                 version: a.logits_version,
             });
             match self.finish_reason(&a)? {
@@ -285,6 +219,7 @@ impl Engine {
                     tokens: a.tokens,
                     logprobs: a.logprobs,
                     versions: a.versions,
+                    truncated_logprobs: Vec::new(),
                     finish,
                 }),
                 None => keep.push(a),
@@ -328,6 +263,7 @@ impl Engine {
                     tokens: Vec::new(),
                     logprobs: Vec::new(),
                     versions: Vec::new(),
+                    truncated_logprobs: Vec::new(),
                     finish: FinishReason::Length,
                 })
             })

@@ -1,0 +1,288 @@
+//! The paged engine: keys/values kept across turns (sessions), the paged forward against a full
+//! re-prefill, eviction and preemption under a tiny store, chunked prefill, log-probs.
+
+mod common;
+
+use candle_core::{DType, Device, Tensor};
+use common::*;
+use mtrl_model::kv_pool::{KvPool, SeqBlocks};
+use mtrl_model::transformer::paged::{PagedBatch, Segment};
+use mtrl_model::{
+    token_logprobs, Completion, Engine, EngineOptions, GenerationRequest, Policy, SamplingParams,
+};
+
+fn policy(kind: &str, dev: &Device) -> Policy {
+    Policy::load(&model_dir(kind), DType::F32, dev).unwrap()
+}
+
+fn req(
+    prompt: Vec<u32>,
+    n: usize,
+    sampling: SamplingParams,
+    session: Option<u64>,
+) -> GenerationRequest {
+    GenerationRequest {
+        prompt,
+        sampling,
+        max_new_tokens: n,
+        session,
+        ..Default::default()
+    }
+}
+
+fn sampled(seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature: 1.0,
+        seed,
+        ..Default::default()
+    }
+}
+
+/// Logits of every row of `tokens` appended after `past` stored positions of `kv`.
+fn paged_logits(p: &Policy, pool: &mut KvPool, kv: &mut SeqBlocks, tokens: &[u32]) -> Tensor {
+    let start = kv.len();
+    assert!(pool.reserve(kv, start + tokens.len()).unwrap());
+    let seg = Segment {
+        start,
+        len: tokens.len(),
+        slots: kv.slots(start + tokens.len()).collect(),
+    };
+    let mut b = PagedBatch {
+        ids: tokens.to_vec(),
+        outputs: (0..tokens.len() as u32).collect(),
+        ..Default::default()
+    };
+    if tokens.len() == 1 {
+        b.decode.push(seg);
+    } else {
+        b.prefill.push(seg);
+    }
+    let h = p.inference().forward_paged(&b, pool).unwrap();
+    kv.set_len(start + tokens.len());
+    p.inference().logits(&h).unwrap()
+}
+
+fn reuse_matches_full_prefill(kind: &str) {
+    let dev = Device::Cpu;
+    let p = policy(kind, &dev);
+    let cfg = p.config().clone();
+    let width = cfg.num_key_value_heads * cfg.head_dim;
+    let turn1: Vec<u32> = (0..37).map(|i| (i * 7 + 3) % 500).collect();
+    let turn2: Vec<u32> = (0..21).map(|i| (i * 11 + 5) % 500).collect();
+    let mut pool = KvPool::new(cfg.num_hidden_layers, width, 1024, DType::F32, &dev).unwrap();
+    // Another sequence in the store, so slots are not simply 0..n.
+    let mut other = SeqBlocks::default();
+    paged_logits(&p, &mut pool, &mut other, &[9, 8, 7, 6, 5]);
+    let mut kv = SeqBlocks::default();
+    paged_logits(&p, &mut pool, &mut kv, &turn1);
+    let appended = paged_logits(&p, &mut pool, &mut kv, &turn2);
+    let one = paged_logits(&p, &mut pool, &mut kv, &[42]);
+    let full: Vec<u32> = turn1.iter().chain(&turn2).chain(&[42]).copied().collect();
+    let mut fresh = SeqBlocks::default();
+    let all = paged_logits(&p, &mut pool, &mut fresh, &full);
+    let n1 = turn1.len();
+    let want = all.narrow(0, n1, turn2.len()).unwrap();
+    let d = max_abs_diff(&appended, &want, None);
+    assert!(
+        d < 1e-5,
+        "{kind}: appended turn vs full prefill, max diff {d}"
+    );
+    let d = max_abs_diff(&one, &all.narrow(0, full.len() - 1, 1).unwrap(), None);
+    assert!(d < 1e-5, "{kind}: decode row vs full prefill, max diff {d}");
+    // and the training forward (no cache at all) agrees
+    let ids = Tensor::from_slice(&full, (1, full.len()), &dev).unwrap();
+    let pos = Tensor::arange(0u32, full.len() as u32, &dev)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let h = p.inference().forward_hidden(&ids, &pos, None).unwrap();
+    let train = p.inference().logits(&h.squeeze(0).unwrap()).unwrap();
+    let d = max_abs_diff(&all, &train, None);
+    assert!(
+        d < 1e-4,
+        "{kind}: paged prefill vs uncached forward, max diff {d}"
+    );
+}
+
+#[test]
+fn qwen3_turn_reuse_equals_full_prefill() {
+    reuse_matches_full_prefill("qwen3");
+}
+
+#[test]
+fn qwen2_turn_reuse_equals_full_prefill() {
+    reuse_matches_full_prefill("qwen2");
+}
+
+/// A 3-turn conversation per session: each turn's prompt is the previous context plus a
+/// "tool response"; returns every turn's completion. `keep`: send the session with the requests.
+fn talk(e: &mut Engine, sessions: &[u64], sampling: bool, keep: bool) -> Vec<Vec<Completion>> {
+    let mut ctx: Vec<Vec<u32>> = sessions
+        .iter()
+        .map(|&s| {
+            (0..30)
+                .map(|i| ((s * 31 + i * 13) % 480 + 10) as u32)
+                .collect()
+        })
+        .collect();
+    let mut out = vec![Vec::new(); sessions.len()];
+    for turn in 0..3u64 {
+        let reqs = sessions
+            .iter()
+            .zip(&ctx)
+            .map(|(&s, c)| {
+                let sp = if sampling {
+                    sampled(s * 10 + turn)
+                } else {
+                    SamplingParams::greedy()
+                };
+                req(c.clone(), 6, sp, keep.then_some(s))
+            })
+            .collect();
+        for (i, c) in e.generate(reqs).unwrap().into_iter().enumerate() {
+            ctx[i].extend(&c.tokens);
+            ctx[i].extend((0..17).map(|k| ((turn * 5 + k) % 300 + 40) as u32));
+            out[i].push(c);
+        }
+    }
+    out
+}
+
+fn conversations(e: &mut Engine, sessions: &[u64], sampling: bool) -> Vec<Vec<Completion>> {
+    talk(e, sessions, sampling, true)
+}
+
+fn engine(opts: EngineOptions) -> Engine {
+    Engine::with_options(policy("qwen3", &Device::Cpu), None, 0, opts).unwrap()
+}
+
+#[test]
+fn sessions_reuse_prefixes_and_change_no_token() {
+    let sessions = [1u64, 2, 3, 4];
+    let mut plain = engine(EngineOptions::new(8));
+    // Without sessions: every turn is prefilled from scratch.
+    let mut ctx_free = Vec::new();
+    for s in sessions {
+        let c = talk(&mut plain, &[s], true, false);
+        ctx_free.push(c.into_iter().next().unwrap());
+    }
+    let base = plain.counters();
+    let mut reuse = engine(EngineOptions::new(8));
+    let with = conversations(&mut reuse, &sessions, true);
+    for (a, b) in with.iter().zip(&ctx_free) {
+        for (x, y) in a.iter().zip(b) {
+            assert_eq!(x.tokens, y.tokens);
+            for (l, m) in x.logprobs.iter().zip(&y.logprobs) {
+                assert!((l - m).abs() < 1e-5, "{l} vs {m}");
+            }
+        }
+    }
+    let c = reuse.counters();
+    assert_eq!(base.reused_tokens, 0);
+    assert!(c.reused_tokens > 0, "{c:?}");
+    assert_eq!(
+        c.prefill_tokens + c.reused_tokens,
+        base.prefill_tokens + base.reused_tokens,
+        "same prompts in both runs"
+    );
+    assert!(
+        c.prefill_tokens * 2 < base.prefill_tokens,
+        "{c:?} vs {base:?}"
+    );
+    assert_eq!(reuse.num_parked(), sessions.len());
+    for s in sessions {
+        reuse.release(s);
+    }
+    assert_eq!(reuse.num_parked(), 0);
+    assert_eq!(
+        reuse.resident_tokens().0,
+        0,
+        "released sessions free the store"
+    );
+}
+
+#[test]
+fn a_tiny_store_evicts_and_preempts_without_changing_tokens() {
+    let sessions = [5u64, 6, 7, 8, 9, 10];
+    let big = conversations(&mut engine(EngineOptions::new(6)), &sessions, true);
+    let mut small = engine(EngineOptions {
+        kv_cache_tokens: Some(160),
+        ..EngineOptions::new(6)
+    });
+    let got = conversations(&mut small, &sessions, true);
+    let c = small.counters();
+    assert!(c.preempted > 0 && c.evicted_sessions > 0, "{c:?}");
+    for (a, b) in got.iter().zip(&big) {
+        for (x, y) in a.iter().zip(b) {
+            assert_eq!(x.tokens, y.tokens, "eviction changed a sequence");
+        }
+    }
+    assert!(small.resident_tokens().0 <= 160);
+}
+
+#[test]
+fn chunked_prefill_changes_steps_not_tokens() {
+    let sessions = [11u64, 12, 13];
+    let mut whole = engine(EngineOptions::new(4));
+    let a = conversations(&mut whole, &sessions, false);
+    let mut chunked = engine(EngineOptions {
+        prefill_chunk_tokens: 4,
+        ..EngineOptions::new(4)
+    });
+    let b = conversations(&mut chunked, &sessions, false);
+    for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {
+        assert_eq!(x.tokens, y.tokens);
+    }
+    assert!(chunked.counters().forwards > whole.counters().forwards + 10);
+}
+
+#[test]
+fn logprobs_match_the_learner_and_truncation_is_reported() {
+    let dev = Device::Cpu;
+    let prompt: Vec<u32> = vec![1992, 306, 263, 198, 559, 296, 220];
+    let plain = SamplingParams {
+        temperature: 0.9,
+        seed: 4,
+        ..Default::default()
+    };
+    let truncated = SamplingParams {
+        top_k: 12,
+        top_p: 0.8,
+        ..plain.clone()
+    };
+    let mut e = engine(EngineOptions::new(4));
+    let out = e
+        .generate(vec![
+            req(prompt.clone(), 12, plain, None),
+            req(prompt.clone(), 12, truncated, None),
+        ])
+        .unwrap();
+    let p = policy("qwen3", &dev);
+    for (k, c) in out.iter().enumerate() {
+        let full: Vec<u32> = prompt.iter().chain(&c.tokens).copied().collect();
+        let ids = Tensor::from_slice(&full, (1, full.len()), &dev).unwrap();
+        let lp = token_logprobs(&p, &ids, None, 0.9, false, 1 << 20).unwrap();
+        let lp: Vec<f32> = lp.logprobs.squeeze(0).unwrap().to_vec1().unwrap();
+        for (i, &want) in c.logprobs.iter().enumerate() {
+            let got = lp[prompt.len() - 1 + i];
+            assert!(
+                (got - want).abs() < 1e-4,
+                "token {i}: learner {got} vs engine {want}"
+            );
+            let t = c.truncated_logprobs[i];
+            if k == 0 {
+                assert!((t - want).abs() < 1e-6, "untruncated: {t} vs {want}");
+            } else {
+                assert!(
+                    t >= want - 1e-6,
+                    "truncation can only raise a kept token's log-prob"
+                );
+            }
+        }
+    }
+    assert!(out[1]
+        .truncated_logprobs
+        .iter()
+        .zip(&out[1].logprobs)
+        .any(|(t, l)| t - l > 1e-3));
+}
