@@ -8,8 +8,10 @@
 //! and builds two consumers on it:
 //!
 //! - the **generation engine** ([`engine`]): one batched decode loop, per-sequence KV caches,
-//!   sequences joining and leaving between steps, seeded sampling ([`sampler`]), each token tagged
-//!   with its log-prob and the policy version that sampled it;
+//!   sequences joining and leaving between steps, seeded sampling ([`sampler`] on the host, one
+//!   row at a time; [`batch_sampler`] as tensor ops where the logits are, so only `[n]`-sized
+//!   results leave the device), each token tagged with its log-prob and the policy version that
+//!   sampled it;
 //! - the **training forward** ([`logprobs`]): next-token log-probs of a padded batch with exact
 //!   gradients, computed in vocabulary chunks so `[B, T, V]` logits never exist at once.
 //!
@@ -20,6 +22,7 @@
 //! truncation, the same quantity the learner computes; weights are only replaced between decode
 //! steps; unsupported checkpoints are refused at load, never approximated.
 
+pub mod batch_sampler;
 pub mod bench;
 pub mod chat_template;
 pub mod checkpoint;
@@ -36,6 +39,7 @@ pub mod tokenizer;
 pub mod tokenizer_train;
 pub mod transformer;
 
+pub use batch_sampler::{sample_rows, Drawn};
 pub use chat_template::{ChatOptions, ChatTemplate};
 pub use codec::TemplateCodec;
 pub use config::{parse_device, parse_dtype, Config, Family, GenerationConfig};
