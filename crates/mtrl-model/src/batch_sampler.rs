@@ -110,8 +110,8 @@ pub fn sample_rows(
     let e = z.broadcast_sub(&m)?.exp()?;
     let s = e.sum_keepdim(1)?;
     let grid = Grid::new(n, v, dev)?;
-    let any_greedy = greedy.iter().any(|&g| g == 1);
-    let any_sampled = greedy.iter().any(|&g| g == 0);
+    let any_greedy = greedy.contains(&1);
+    let any_sampled = greedy.contains(&0);
 
     let token_greedy = if any_greedy {
         Some(first_max(&z, &m, &grid)?)

@@ -159,7 +159,12 @@ fn a_row_is_bit_identical_whatever_its_batch() {
 fn greedy_takes_the_first_maximum_and_top_k_one_is_argmax() {
     for dev in common::devices() {
         let tied = vec![1.0f32, 3.0, 3.0, 0.0, 3.0];
-        let d = draw(&dev, &[tied.clone()], &[SamplingParams::greedy()], &[0.7])[0];
+        let d = draw(
+            &dev,
+            std::slice::from_ref(&tied),
+            &[SamplingParams::greedy()],
+            &[0.7],
+        )[0];
         assert_eq!(d.token, 1);
         assert!((d.logprob as f64 - log_softmax(&tied, 1.0)[1]).abs() < 1e-6);
         assert_eq!(d.logprob, d.logprob_truncated);
@@ -288,7 +293,7 @@ fn edges_stay_inside_the_kept_set() {
         let row = vec![0.0f32, 0.0, ninf, ninf];
         let d = draw(
             &dev,
-            &[row.clone()],
+            std::slice::from_ref(&row),
             &[params(1.0, 0, 1.0)],
             &[1.0 - f64::EPSILON / 2.0],
         )[0];
