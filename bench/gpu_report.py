@@ -7,6 +7,7 @@ Inputs (files in --dir, each optional; a missing or empty one yields a `missing`
   torch-gen.jsonl    `bench/torch_ref.py --jsonl --skip-train` (one line per figure)
   torch-train.jsonl  `bench/torch_ref.py --jsonl --skip-gen` (amp, then optionally bf16)
   mem.json           {"<phase>": peak MiB above the idle baseline, ...} from nvidia-smi sampling
+  train-smoke-summary.json  the `mtrl train` smoke: steps, wall time, episodes/s, tokens/s
 
 Goals (from the issue): mtrl decode >= 3x transformers generate at every batch size, and mtrl
 train step (forward + backward + AdamW with f32 masters) >= 1.0x PyTorch eager (amp: f32 params +
@@ -81,6 +82,7 @@ def main():
     tgen = read_jsonl(os.path.join(d, "torch-gen.jsonl"))
     ttrain = read_jsonl(os.path.join(d, "torch-train.jsonl"))
     mem = read_json(os.path.join(d, "mem.json")) or {}
+    rl = read_json(os.path.join(d, "train-smoke-summary.json"))
 
     mtrl = {}
     if dec:
@@ -112,6 +114,12 @@ def main():
                   "value": tr["device_mem_used_mib"]})
     else:
         emit({"impl": "mtrl", "figure": "train", "missing": True})
+
+    if rl and rl.get("ok"):
+        emit({"impl": "mtrl", "figure": "rl_train_smoke",
+              **{k: v for k, v in rl.items() if k not in ("step", "ok")}})
+    else:
+        emit({"impl": "mtrl", "figure": "rl_train_smoke", "missing": True})
 
     torch = {}
     for r in tgen + ttrain:

@@ -5,9 +5,13 @@
 #   2. `mtrl bench model` with random weights of the real Qwen3-0.6B shape (bench/qwen3-0.6b.json),
 #      bf16: prefill, decode at batch 1/16/64/256 (one process each, so a slow batch size loses
 #      only its own figure), train step on [8, 2048] (fwd + bwd + AdamW);
-#   3. bench/torch_ref.py, the same workload with transformers (bf16 `generate` with KV cache;
+#   3. `mtrl train` for 5 RL steps (configs/gpu-train-smoke.toml): random Qwen3-0.6B-shaped
+#      weights, bf16, the multi-turn search environment over Cranfield (BM25 + hashing-embedder
+#      vectors), task files from `mtrl data prepare` and the Qwen3 tokenizer of tests/fixtures —
+#      all carried by the repository; small group / batch / turns so it stays near a minute;
+#   4. bench/torch_ref.py, the same workload with transformers (bf16 `generate` with KV cache;
 #      forward + backward + AdamW, amp and pure bf16);
-#   4. bench/gpu_report.py: one JSON line per figure, ratio lines and a summary.
+#   5. bench/gpu_report.py: one JSON line per figure, ratio lines and a summary.
 # Peak GPU memory per phase: `nvidia-smi --query-gpu=memory.used` sampled every 200 ms beside
 # each process, max minus the idle baseline (includes the CUDA context and allocator caches).
 #
@@ -38,6 +42,8 @@ NEW=64
 TRAIN_BATCH=8
 TRAIN_LEN=2048
 TRAIN_MICRO=1
+RL_CONFIG=configs/gpu-train-smoke.toml
+RL_STEPS=5
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 die() { echo "{\"check\":\"gpu-check\",\"ok\":false,\"error\":\"$*\"}"; exit 2; }
@@ -64,8 +70,13 @@ if [[ "$SMOKE" == 1 ]]; then
   # Checks this script's plumbing on a CPU: same steps and report, tiny shapes, no GPU figures.
   DEVICE=cpu TORCH_DEVICE=cpu SHAPE=bench/bench-small.json BATCHES=1,2 PROMPT=8 NEW=4
   TRAIN_BATCH=2 TRAIN_LEN=32 TRAIN_MICRO=1
+  RL_CONFIG=configs/cpu-train-smoke.toml RL_STEPS=2
 fi
 [[ -f "$SHAPE" ]] || die "missing $SHAPE"
+for f in "$RL_CONFIG" configs/cranfield-hash.toml data/cranfield/docs.jsonl \
+  "$FIXTURES/qwen3-tokenizer/tokenizer.json.gz" "$FIXTURES/qwen3-tokenizer/tokenizer_config.json"; do
+  [[ -f "$f" ]] || die "missing $f (an input of the train smoke)"
+done
 for f in golden/tiny-qwen3/golden.safetensors golden/tiny-qwen3/golden.json tiny-qwen3/config.json; do
   [[ -f "$FIXTURES/$f" ]] || die "missing fixture $FIXTURES/$f"
 done
@@ -113,6 +124,11 @@ TORCH_TRAIN_AMP=("${TORCH_COMMON[@]}" --skip-gen --train-batch "$TRAIN_BATCH" --
   --train-precision amp)
 TORCH_TRAIN_BF16=("${TORCH_COMMON[@]}" --skip-gen --train-batch "$TRAIN_BATCH" --train-len "$TRAIN_LEN"
   --train-precision same)
+# The RL smoke: Cranfield task files (runs/data/cranfield, where the config reads them), then the run
+# from scratch. The config names cuda:0; CUDA_VISIBLE_DEVICES makes that the chosen GPU.
+DATA_PREP=("$BIN" data prepare --config configs/cranfield-hash.toml --out runs/data)
+RL_TRAIN=(env CUDA_VISIBLE_DEVICES="$GPU_INDEX" "$BIN" train --config "$RL_CONFIG" --fresh
+  --max-steps "$RL_STEPS" --quiet)
 
 if [[ "$DRY" == 1 ]]; then
   # Here there is no GPU: a cuda binary can only start against the libcuda stub of
@@ -135,6 +151,11 @@ if [[ "$DRY" == 1 ]]; then
     [[ "$help" == *"$flag"* ]] || die "mtrl bench model has no $flag"
   done
   "$BIN" selftest --help | grep -q -- --fixtures || die "mtrl selftest has no --fixtures"
+  help="$("$BIN" train --help)"
+  for flag in --config --fresh --max-steps --quiet; do
+    [[ "$help" == *"$flag"* ]] || die "mtrl train has no $flag"
+  done
+  "$BIN" data prepare --help | grep -q -- --out || die "mtrl data prepare has no --out"
   nodev="$("$BIN" selftest --device "$DEVICE" --fixtures "$FIXTURES" 2>&1 >/dev/null || true)"
   echo "{\"check\":\"dry-run.no-device\",\"stderr\":$(printf '%s' "$nodev" | "$PY" -c 'import json,sys; print(json.dumps(sys.stdin.read()))')}"
   "$PY" -c 'import ast,sys; [ast.parse(open(f).read()) for f in sys.argv[1:]]' bench/torch_ref.py bench/gpu_report.py \
@@ -143,6 +164,7 @@ if [[ "$DRY" == 1 ]]; then
   echo "{\"check\":\"dry-run.args\",\"ok\":true,\"timeout_s\":$TIMEOUT,\"device\":\"$DEVICE\",\"out\":\"$OUTDIR\",\"fixtures_mib\":$fixtures_mib,\"torch_import\":\"skipped in dry run\"}"
   json step=selftest plan="${SELFTEST[*]}"
   json step=mtrl-train plan="${BENCH_TRAIN[*]}"
+  json step=train-smoke plan="unpack $FIXTURES/qwen3-tokenizer into runs/qwen3-tokenizer; ${DATA_PREP[*]}; ${RL_TRAIN[*]}"
   for b in ${BATCHES//,/ }; do
     json step="mtrl-decode-$b" plan="${BENCH_DECODE[*]} $b --phases $([[ $b == "${BATCHES%%,*}" ]] && echo prefill,decode || echo decode)"
   done
@@ -217,12 +239,77 @@ run() {
   (( rc == 0 )) || FAILED+=("$name")
 }
 
+# The train smoke's inputs, all from the repository (the GPU machine has no network): the Qwen3
+# tokenizer unpacked where configs/gpu-train-smoke.toml reads it, and Cranfield's task files.
+rl_prepare() {
+  mkdir -p runs/qwen3-tokenizer
+  "$PY" -c 'import gzip, shutil, sys; shutil.copyfileobj(gzip.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+    "$FIXTURES/qwen3-tokenizer/tokenizer.json.gz" runs/qwen3-tokenizer/tokenizer.json
+  cp "$FIXTURES/qwen3-tokenizer/tokenizer_config.json" runs/qwen3-tokenizer/
+  # A scratch run: its earlier checkpoints (~8 GB at this shape) are removed, not kept aside.
+  local dir; dir="$(sed -n 's/^dir = "\(.*\)".*/\1/p' "$RL_CONFIG")"
+  [[ -n "$dir" ]] && rm -rf "configs/$dir"
+  "${DATA_PREP[@]}"
+}
+# rl_summary: steps, wall time and throughput of the train smoke from its printed summary and the
+# run's metrics.jsonl (copied to $OUTDIR), with the phase's peak GPU memory; one JSON line, also
+# kept as train-smoke-summary.json for gpu_report.py.
+rl_summary() {
+  "$PY" - "$OUTDIR" "${PEAK[train-smoke]:-0}" "$DEVICE" <<'EOF'
+import json, os, shutil, sys
+out, peak, device = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+def last_json(path):
+    try:
+        lines = [l for l in open(path) if l.strip().startswith("{")]
+        return json.loads(lines[-1]) if lines else None
+    except (OSError, ValueError):
+        return None
+run = last_json(os.path.join(out, "train-smoke.json"))
+line = {"step": "train-smoke-summary", "device": device, "ok": run is not None}
+if run:
+    metrics = os.path.join(run["checkpoint_dir"], "metrics.jsonl")
+    recs = []
+    if os.path.exists(metrics):
+        shutil.copy(metrics, os.path.join(out, "train-smoke-metrics.jsonl"))
+        recs = [json.loads(l) for l in open(metrics) if l.strip()]
+    elapsed = recs[-1]["elapsed_s"] if recs else 0.0
+    rate = lambda k: round(sum(r[k] for r in recs) / elapsed, 3) if elapsed > 0 else None
+    mean = lambda v: round(sum(v) / len(v), 3) if v else None
+    failures = {}
+    for r in recs:
+        for k, n in r.get("failures", {}).items():
+            failures[k] = failures.get(k, 0) + n
+    line.update(
+        steps=run["steps"], wall_s=round(run["wall_s"], 3), step_records=len(recs),
+        train_elapsed_s=round(elapsed, 3),
+        step_wall_s_mean=mean([r["step_wall_s"] for r in recs]),
+        episodes=sum(r["sequences"] for r in recs), episodes_per_s=rate("sequences"),
+        trained_tokens=sum(r["tokens"] for r in recs), trained_tokens_per_s=rate("tokens"),
+        rollout_tokens_per_s_mean=mean([r["rollout_tokens_per_s"] for r in recs
+                                        if r["rollout_tokens_per_s"] > 0]),
+        learner_tokens_per_s_mean=mean([r["learner_tokens_per_s"] for r in recs]),
+        time_generate_s=round(sum(r["time_generate_s"] for r in recs), 3),
+        time_learn_s=round(sum(r["time_learn_s"] for r in recs), 3),
+        turns_mean=mean([r["turns_mean"] for r in recs]), failures=failures,
+        peak_gpu_mem_mib=peak)
+print(json.dumps(line))
+open(os.path.join(out, "train-smoke-summary.json"), "w").write(json.dumps(line) + "\n")
+EOF
+}
+
 # Most important first: the total budget ($TIMEOUT) cuts the tail. The largest decode batch
 # (slowest: per-sequence attention, host-side sampling) runs after the torch peers.
 BATCH_LIST=(${BATCHES//,/ })
 LAST=$(( ${#BATCH_LIST[@]} - 1 ))
 run selftest "$OUTDIR/selftest.jsonl" 120 "${SELFTEST[@]}"
 run mtrl-train "$OUTDIR/mtrl-train.json" 120 "${BENCH_TRAIN[@]}"
+if rl_prepare >"$OUTDIR/train-prepare.log" 2>&1; then
+  run train-smoke "$OUTDIR/train-smoke.json" 150 "${RL_TRAIN[@]}"
+  rl_summary
+else
+  json step=train-smoke skipped="prepare failed" log_tail="$(tail -c 600 "$OUTDIR/train-prepare.log")"
+  FAILED+=(train-smoke)
+fi
 for i in "${!BATCH_LIST[@]}"; do
   (( i == LAST && LAST > 0 )) && continue
   b="${BATCH_LIST[$i]}"

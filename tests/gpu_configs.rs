@@ -101,3 +101,30 @@ fn selftest_passes_on_cpu() {
     let info: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(info["cuda"], cfg!(feature = "cuda"));
 }
+
+#[test]
+fn the_train_smoke_configs_are_twins_on_two_devices() {
+    // scripts/gpu-check.sh runs configs/gpu-train-smoke.toml on the GPU and its CPU twin under
+    // --cpu-smoke: they must differ only in the model, the turn length, the step count and where
+    // checkpoints go, or the CPU run would not check the GPU run's plumbing.
+    let (gpu, cpu) = (load("gpu-train-smoke.toml"), load("cpu-train-smoke.toml"));
+    let (gm, cm) = (gpu.model().unwrap(), cpu.model().unwrap());
+    assert_eq!((gm.dtype.as_str(), gm.device.as_str()), ("bf16", "cuda:0"));
+    assert_eq!((cm.dtype.as_str(), cm.device.as_str()), ("f32", "cpu"));
+    match &gm.source {
+        ModelSource::RandomConfig(p) => assert!(p.ends_with("bench/qwen3-0.6b.json"), "{p:?}"),
+        other => panic!("expected random:<config.json>, got {other:?}"),
+    }
+    assert!(matches!(&cm.source, ModelSource::RandomPreset(p) if p == "tiny"));
+    assert_eq!(gpu.rollout, cpu.rollout);
+    assert_eq!(gpu.algorithm, cpu.algorithm);
+    assert_eq!(gpu.train.max_steps, 5);
+    assert_eq!(cpu.train.max_steps, 2);
+    let (mut ge, ce) = (gpu.env_or_default(), cpu.env_or_default());
+    assert!(ge.max_tokens_per_turn <= 32 && ge.max_turns <= 2);
+    ge.max_tokens_per_turn = ce.max_tokens_per_turn;
+    ge.max_context_tokens = ce.max_context_tokens;
+    assert_eq!(ge, ce);
+    assert_eq!(gpu.search().unwrap().corpus, cpu.search().unwrap().corpus);
+    assert_eq!(gpu.data().unwrap().train, cpu.data().unwrap().train);
+}

@@ -12,7 +12,8 @@
 //! 4. global-norm clipping, AdamW with the scheduled learning rate; the version becomes v + 1.
 //!
 //! [`Learner::weights`] then gives device-side copies of every parameter for the rollout engine
-//! (`Tensor::copy`: no host round trip when learner and engine share a device).
+//! (`Tensor::copy`: no host round trip when learner and engine share a device), finished on the
+//! device before they are handed over (the engine thread runs on another CUDA stream).
 //!
 //! Determinism: on CPU the same batch, weights and optimizer state give the same bits (fixed
 //! micro-batch split, in-order accumulation, no RNG).
@@ -329,11 +330,19 @@ impl Learner {
     }
 
     /// Device-side copies of every parameter (HF names), for the rollout engine.
+    ///
+    /// Invariant: the tensors returned are complete — the copies have finished on the device
+    /// before this returns. candle's CUDA work is asynchronous and each host thread launches on
+    /// its own stream (`CudaDevice::new` takes the per-thread default stream), so the engine
+    /// thread, reading these on its stream, would not otherwise be ordered after the learner's
+    /// copies. One `Device::synchronize` after all copies (not one per tensor) waits for this
+    /// thread's stream; on the CPU it is a no-op, the copies being done when `copy` returns.
     pub fn weights(&self) -> Result<HashMap<String, Tensor>> {
         let mut out = HashMap::with_capacity(self.policy.named_parameters().len());
         for (name, var) in self.policy.named_parameters() {
             out.insert(name.clone(), var.as_tensor().detach().copy()?);
         }
+        self.policy.device().synchronize()?;
         Ok(out)
     }
 }

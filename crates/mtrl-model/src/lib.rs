@@ -8,8 +8,10 @@
 //! and builds two consumers on it:
 //!
 //! - the **generation engine** ([`engine`]): one batched decode loop, per-sequence KV caches,
-//!   sequences joining and leaving between steps, seeded sampling ([`sampler`]), each token tagged
-//!   with its log-prob and the policy version that sampled it;
+//!   sequences joining and leaving between steps, seeded sampling ([`sampler`] on the host, one
+//!   row at a time; [`batch_sampler`] as tensor ops where the logits are, so only `[n]`-sized
+//!   results leave the device), each token tagged with its log-prob and the policy version that
+//!   sampled it;
 //! - the **training forward** ([`logprobs`]): next-token log-probs of a padded batch with exact
 //!   gradients, computed in vocabulary chunks so `[B, T, V]` logits never exist at once.
 //!
@@ -39,6 +41,7 @@ pub mod tokenizer;
 pub mod tokenizer_train;
 pub mod transformer;
 
+pub use batch_sampler::{sample_rows, Drawn};
 pub use chat_template::{ChatOptions, ChatTemplate};
 pub use codec::TemplateCodec;
 pub use config::{parse_device, parse_dtype, Config, Family, GenerationConfig};

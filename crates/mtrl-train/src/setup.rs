@@ -115,12 +115,17 @@ pub fn initial_policy(cfg: &Config, parts: &ModelParts) -> Result<Policy> {
 }
 
 /// An independent copy (own storage) of `p`, for the generation engine or a frozen reference.
+///
+/// The copies have finished on the device when this returns: the engine copy moves to the
+/// engine thread, which launches on its own CUDA stream (candle uses the per-thread default
+/// stream) and would otherwise not be ordered after this thread's copies. A no-op on the CPU.
 pub fn copy_policy(p: &Policy) -> Result<Policy> {
     let tensors = p
         .named_parameters()
         .iter()
         .map(|(n, v)| Ok((n.clone(), v.as_tensor().detach().copy()?)))
         .collect::<Result<_>>()?;
+    p.device().synchronize()?;
     Ok(Policy::from_tensors(
         p.config().clone(),
         tensors,
