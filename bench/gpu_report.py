@@ -4,6 +4,7 @@
 Inputs (files in --dir, each optional; a missing or empty one yields a `missing` line):
   mtrl-decode-*.json `mtrl bench model --phases [prefill,]decode`, one batch size per file
   mtrl-train.json    `mtrl bench model --phases train` (one JSON object)
+  mtrl-engine.json   `mtrl bench engine` (paged vs legacy engine, one JSON object)
   torch-gen.jsonl    `bench/torch_ref.py --jsonl --skip-train` (one line per figure)
   torch-train.jsonl  `bench/torch_ref.py --jsonl --skip-gen` (amp, then optionally bf16)
   mem.json           {"<phase>": peak MiB above the idle baseline, ...} from nvidia-smi sampling
@@ -83,6 +84,7 @@ def main():
     ttrain = read_jsonl(os.path.join(d, "torch-train.jsonl"))
     mem = read_json(os.path.join(d, "mem.json")) or {}
     rl = read_json(os.path.join(d, "train-smoke-summary.json"))
+    eng = read_json(os.path.join(d, "mtrl-engine.json"))
 
     mtrl = {}
     if dec:
@@ -120,6 +122,15 @@ def main():
               **{k: v for k, v in rl.items() if k not in ("step", "ok")}})
     else:
         emit({"impl": "mtrl", "figure": "rl_train_smoke", "missing": True})
+
+    if eng:
+        emit({"impl": "mtrl", "figure": "engine_multi_turn", "device": eng.get("device"),
+              "dtype": eng.get("dtype"), "workload": eng.get("workload"),
+              "paged_episodes_per_s": eng["paged"]["episodes_per_s"],
+              "legacy_episodes_per_s": eng["legacy"]["episodes_per_s"],
+              "ratio": eng.get("episodes_per_s_ratio"), "kv_reuse_factor": eng.get("kv_reuse_factor")})
+    else:
+        emit({"impl": "mtrl", "figure": "engine_multi_turn", "missing": True})
 
     torch = {}
     for r in tgen + ttrain:

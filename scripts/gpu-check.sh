@@ -9,9 +9,11 @@
 #      weights, bf16, the multi-turn search environment over Cranfield (BM25 + hashing-embedder
 #      vectors), task files from `mtrl data prepare` and the Qwen3 tokenizer of tests/fixtures —
 #      all carried by the repository; small group / batch / turns so it stays near a minute;
-#   4. bench/torch_ref.py, the same workload with transformers (bf16 `generate` with KV cache;
+#   4. `mtrl bench engine`: 64 four-call episodes (150-token tool responses) on the paged engine
+#      and on the legacy one, side by side (episodes/s ratio, KV-reuse factor);
+#   5. bench/torch_ref.py, the same workload with transformers (bf16 `generate` with KV cache;
 #      forward + backward + AdamW, amp and pure bf16);
-#   5. bench/gpu_report.py: one JSON line per figure, ratio lines and a summary.
+#   6. bench/gpu_report.py: one JSON line per figure, ratio lines and a summary.
 # Peak GPU memory per phase: `nvidia-smi --query-gpu=memory.used` sampled every 200 ms beside
 # each process, max minus the idle baseline (includes the CUDA context and allocator caches).
 #
@@ -43,6 +45,7 @@ TRAIN_BATCH=8
 TRAIN_LEN=2048
 TRAIN_MICRO=1
 RL_CONFIG=configs/gpu-train-smoke.toml
+ENGINE_WORKLOAD=(--episodes 64 --calls 4 --prompt-tokens 256 --tool-tokens 150 --new-tokens 32)
 RL_STEPS=5
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
@@ -71,6 +74,7 @@ if [[ "$SMOKE" == 1 ]]; then
   DEVICE=cpu TORCH_DEVICE=cpu SHAPE=bench/bench-small.json BATCHES=1,2 PROMPT=8 NEW=4
   TRAIN_BATCH=2 TRAIN_LEN=32 TRAIN_MICRO=1
   RL_CONFIG=configs/cpu-train-smoke.toml RL_STEPS=2
+  ENGINE_WORKLOAD=(--episodes 4 --calls 2 --prompt-tokens 16 --tool-tokens 8 --new-tokens 4)
 fi
 [[ -f "$SHAPE" ]] || die "missing $SHAPE"
 for f in "$RL_CONFIG" configs/cranfield-hash.toml data/cranfield/docs.jsonl \
@@ -118,6 +122,9 @@ BENCH_COMMON=("$BIN" bench model --config "$SHAPE" --device "$DEVICE" --dtype bf
 BENCH_DECODE=("${BENCH_COMMON[@]}" --prompt-len "$PROMPT" --new-tokens "$NEW" --batch-sizes)
 BENCH_TRAIN=("${BENCH_COMMON[@]}" --phases train --train-batch "$TRAIN_BATCH"
   --train-len "$TRAIN_LEN" --train-micro-batch "$TRAIN_MICRO")
+# The multi-turn rollout workload on the paged engine and the legacy one (episodes/s ratio).
+BENCH_ENGINE=("$BIN" bench engine --config "$SHAPE" --device "$DEVICE" --dtype bf16 --repeats 1
+  "${ENGINE_WORKLOAD[@]}")
 TORCH_COMMON=("$PY" bench/torch_ref.py "$SHAPE" --device "$TORCH_DEVICE" --dtype bfloat16 --runs 1 --jsonl)
 TORCH_GEN=("${TORCH_COMMON[@]}" --skip-train --prefill --batches "$BATCHES" --prompt "$PROMPT" --new "$NEW")
 TORCH_TRAIN_AMP=("${TORCH_COMMON[@]}" --skip-gen --train-batch "$TRAIN_BATCH" --train-len "$TRAIN_LEN"
@@ -322,6 +329,7 @@ if (( LAST > 0 )); then
   b="${BATCH_LIST[$LAST]}"
   run "mtrl-decode-$b" "$OUTDIR/mtrl-decode-$b.json" 150 "${BENCH_DECODE[@]}" "$b" --phases decode
 fi
+run mtrl-engine "$OUTDIR/mtrl-engine.json" 120 "${BENCH_ENGINE[@]}"
 run torch-train-bf16 "$OUTDIR/torch-train-bf16.jsonl" 60 "${TORCH_TRAIN_BF16[@]}"
 cat "$OUTDIR/torch-train-bf16.jsonl" >>"$OUTDIR/torch-train.jsonl" 2>/dev/null || true
 

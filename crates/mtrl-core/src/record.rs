@@ -66,6 +66,13 @@ pub struct StepRecord {
     pub staleness_violations: u64,
     pub admission_wait_s: f64,
     pub rollout_tokens_per_s: f64,
+    /// Prompt tokens the engine ran through the model during the step, and prompt tokens it took
+    /// from conversations kept resident between turns instead (engine-wide, all episodes in
+    /// flight): `(prefilled + reused) / prefilled` is the step's KV-reuse factor.
+    #[serde(default)]
+    pub prompt_tokens_prefilled: u64,
+    #[serde(default)]
+    pub prompt_tokens_reused: u64,
     pub learner_tokens_per_s: f64,
     pub time_generate_s: f64,
     pub time_tools_s: f64,
@@ -118,6 +125,8 @@ impl Default for StepRecord {
             staleness_violations: 0,
             admission_wait_s: 0.0,
             rollout_tokens_per_s: 0.0,
+            prompt_tokens_prefilled: 0,
+            prompt_tokens_reused: 0,
             learner_tokens_per_s: 0.0,
             time_generate_s: 0.0,
             time_tools_s: 0.0,

@@ -7,11 +7,11 @@
 //! ([`transformer`]), exposes every parameter as a `Var` under its Hugging Face name ([`policy`]),
 //! and builds two consumers on it:
 //!
-//! - the **generation engine** ([`engine`]): one batched decode loop, per-sequence KV caches,
-//!   sequences joining and leaving between steps, seeded sampling ([`sampler`] on the host, one
-//!   row at a time; [`batch_sampler`] as tensor ops where the logits are, so only `[n]`-sized
-//!   results leave the device), each token tagged with its log-prob and the policy version that
-//!   sampled it;
+//! - the **generation engine** ([`engine`]): one batched loop over one paged key/value store
+//!   ([`kv_pool`]), sequences joining and leaving between steps, conversations kept resident
+//!   between turns (sessions), chunked prefill riding along with decoding, seeded sampling as
+//!   tensor ops where the logits are ([`batch_sampler`]; [`sampler`] is the host spelling), each
+//!   token tagged with its log-prob and the policy version that sampled it;
 //! - the **training forward** ([`logprobs`]): next-token log-probs of a padded batch with exact
 //!   gradients, computed in vocabulary chunks so `[B, T, V]` logits never exist at once.
 //!

@@ -66,10 +66,10 @@ fn reuse_matches_full_prefill(kind: &str) {
     let dev = Device::Cpu;
     let p = policy(kind, &dev);
     let cfg = p.config().clone();
-    let width = cfg.num_key_value_heads * cfg.head_dim;
+    let (kv, d) = (cfg.num_key_value_heads, cfg.head_dim);
     let turn1: Vec<u32> = (0..37).map(|i| (i * 7 + 3) % 500).collect();
     let turn2: Vec<u32> = (0..21).map(|i| (i * 11 + 5) % 500).collect();
-    let mut pool = KvPool::new(cfg.num_hidden_layers, width, 1024, DType::F32, &dev).unwrap();
+    let mut pool = KvPool::new(cfg.num_hidden_layers, kv, d, 1024, DType::F32, &dev).unwrap();
     // Another sequence in the store, so slots are not simply 0..n.
     let mut other = SeqBlocks::default();
     paged_logits(&p, &mut pool, &mut other, &[9, 8, 7, 6, 5]);

@@ -76,6 +76,9 @@ pub struct RolloutCounters {
     pub publish_s: f64,
     pub admission_wait_s: f64,
     pub tokens: u64,
+    /// Prompt tokens run through the model, and taken from resident sessions instead.
+    pub prefill_tokens: u64,
+    pub reused_tokens: u64,
     pub admitted: u64,
     pub engine_version: u64,
 }
@@ -182,6 +185,8 @@ impl Rollout {
             publish_s: s(self.engine_stats.publish_ns.load(Ordering::Relaxed)),
             admission_wait_s: s(self.wait_ns.load(Ordering::Relaxed)),
             tokens: self.engine_stats.tokens.load(Ordering::Relaxed),
+            prefill_tokens: self.engine_stats.prefill_tokens.load(Ordering::Relaxed),
+            reused_tokens: self.engine_stats.reused_tokens.load(Ordering::Relaxed),
             admitted: self.admitted.load(Ordering::Relaxed),
             engine_version: self.engine_stats.version.load(Ordering::SeqCst),
         }

@@ -72,7 +72,7 @@ fn start(staleness: u64, envs: Option<EnvFactory>) -> (tokio::runtime::Runtime, 
         .enable_all()
         .build()
         .unwrap();
-    let engine = Engine::new(policy, None, 0, 8);
+    let engine = Engine::new(policy, None, 0, 8).unwrap();
     let (r, rx) = Rollout::start(
         engine,
         envs,

@@ -97,6 +97,8 @@ pub fn step_record(
         staleness_violations: m.dropped_stale,
         admission_wait_s: wait,
         rollout_tokens_per_s: rollout_tps,
+        prompt_tokens_prefilled: after.prefill_tokens - before.prefill_tokens,
+        prompt_tokens_reused: after.reused_tokens - before.reused_tokens,
         learner_tokens_per_s: learner_tps,
         time_generate_s: gen_s,
         time_tools_s: tools_s,

@@ -1,16 +1,18 @@
 //! Decode attention of many sequences over the paged key/value store (CPU, f32): one pass over
 //! all rows, work units (row, KV group) spread over candle's worker pool, each unit following its
-//! row's slot table — no gather copy. The candle twin is `transformer::paged::decode_gathered`.
+//! row's slot table — no gather copy; it reads one head's positions of a block as one contiguous
+//! run (the store's layout, see `kv_pool`). The candle twin is `transformer::paged::decode_gathered`.
 
 use candle_core::{Result, Tensor};
 
 use super::pool::{for_ranges, SharedPtr};
 use super::storage::cpu_f32;
 use super::vector::dot;
+use crate::kv_pool::row_of;
 use crate::transformer::paged::DecodeTable;
 
 /// `q` `[n, heads, 1, d]` attends over the positions of `table` in the pool buffers
-/// `[slots, kv · d]`. Returns `[n, 1, heads · d]`.
+/// `[blocks · kv · BLOCK, d]`. Returns `[n, 1, heads · d]`.
 pub(crate) fn paged_decode_attention(
     q: &Tensor,
     k_pool: &Tensor,
@@ -29,9 +31,13 @@ pub(crate) fn paged_decode_attention(
     let (v_st, v_l) = v_pool.storage_and_layout();
     let ks = &cpu_f32(&k_st)?[k_l.start_offset()..][..k_pool.elem_count()];
     let vs = &cpu_f32(&v_st)?[v_l.start_offset()..][..v_pool.elem_count()];
-    let slots = k_pool.dim(0)?;
-    if table.slots.iter().any(|&s| s as usize >= slots) {
-        candle_core::bail!("paged decode attention: a slot is outside the pool of {slots}")
+    let rows = k_pool.dim(0)?;
+    if table
+        .slots
+        .iter()
+        .any(|&s| row_of(s, kv_heads - 1, kv_heads) >= rows)
+    {
+        candle_core::bail!("paged decode attention: a slot is outside the pool of {rows} rows")
     }
     let attn = PagedAttn {
         q: qs,
@@ -78,66 +84,139 @@ impl PagedAttn<'_> {
     fn unit(&self, u: usize, out: &mut [f32], scratch: &mut Vec<f32>) {
         let (i, g) = (u / self.kv_heads, u % self.kv_heads);
         let rep = self.heads / self.kv_heads;
-        let q = &self.q[(i * self.heads + g * rep) * self.d..][..rep * self.d];
+        let d = self.d;
+        let q = &self.q[(i * self.heads + g * rep) * d..][..rep * d];
         let slots = &self.table.slots[i * self.table.max_len..][..self.table.lens[i]];
+        let rows = Rows {
+            k: self.k,
+            v: self.v,
+            kv: self.kv_heads,
+            g,
+            d,
+        };
         #[cfg(target_arch = "x86_64")]
         {
             if super::avx2() {
                 // SAFETY: the CPU supports the features the function is compiled for.
-                unsafe { self.attend_avx2(q, g, slots, scratch, out) };
+                unsafe { attend_avx2(q, &rows, slots, self.scale, scratch, out) };
                 return;
             }
         }
-        self.attend(q, g, slots, scratch, out)
+        attend(q, &rows, slots, self.scale, scratch, out)
     }
+}
 
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn attend_avx2(
-        &self,
-        q: &[f32],
-        g: usize,
-        slots: &[u32],
-        scratch: &mut Vec<f32>,
-        out: &mut [f32],
-    ) {
-        self.attend(q, g, slots, scratch, out)
+/// KV group `g`'s key and value rows in the pool buffers (slot `s` at [`row_of`]`(s, g, kv)`).
+struct Rows<'a> {
+    k: &'a [f32],
+    v: &'a [f32],
+    kv: usize,
+    g: usize,
+    d: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_avx2(
+    q: &[f32],
+    rows: &Rows,
+    slots: &[u32],
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    attend(q, rows, slots, scale, scores, out)
+}
+
+/// Softmax attention of `rep` queries `q` `[rep, d]` over the positions at `slots`.
+#[inline(always)]
+fn attend(
+    q: &[f32],
+    rows: &Rows,
+    slots: &[u32],
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let d = rows.d;
+    let (rep, len) = (q.len() / d, slots.len());
+    scores.clear();
+    scores.resize(rep * len, 0.0);
+    for (p, &s) in slots.iter().enumerate() {
+        let at = row_of(s, rows.g, rows.kv) * d;
+        let ks = &rows.k[at..at + d];
+        for (r, qr) in q.chunks_exact(d).enumerate() {
+            scores[r * len + p] = dot(qr, ks) * scale;
+        }
     }
-
-    /// Group `g`'s `d` elements of slot `s` in a pool buffer.
-    #[inline(always)]
-    fn row<'b>(&self, buf: &'b [f32], s: u32, g: usize) -> &'b [f32] {
-        &buf[(s as usize * self.kv_heads + g) * self.d..][..self.d]
-    }
-
-    /// Softmax attention of the `rep` queries of KV group `g` over the positions at `slots`.
-    #[inline(always)]
-    fn attend(&self, q: &[f32], g: usize, slots: &[u32], scores: &mut Vec<f32>, out: &mut [f32]) {
-        let d = self.d;
-        let (rep, len) = (q.len() / d, slots.len());
-        scores.clear();
-        scores.resize(rep * len, 0.0);
-        for (p, &s) in slots.iter().enumerate() {
-            let ks = self.row(self.k, s, g);
-            for (r, qr) in q.chunks_exact(d).enumerate() {
-                scores[r * len + p] = dot(qr, ks) * self.scale;
+    for (sc, o) in scores.chunks_exact_mut(len).zip(out.chunks_exact_mut(d)) {
+        let m = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f32;
+        for x in sc.iter_mut() {
+            *x = super::vexp::exp(*x - m);
+            sum += *x;
+        }
+        let inv = 1.0 / sum;
+        o.fill(0.0);
+        for (pr, &s) in sc.iter().zip(slots) {
+            let p = pr * inv;
+            let at = row_of(s, rows.g, rows.kv) * d;
+            for (oe, ve) in o.iter_mut().zip(&rows.v[at..at + d]) {
+                *oe += p * ve;
             }
         }
-        for (sc, o) in scores.chunks_exact_mut(len).zip(out.chunks_exact_mut(d)) {
-            let m = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f32;
-            for x in sc.iter_mut() {
-                *x = super::vexp::exp(*x - m);
-                sum += *x;
-            }
-            let inv = 1.0 / sum;
-            o.fill(0.0);
-            for (pr, &s) in sc.iter().zip(slots) {
-                let p = pr * inv;
-                for (oe, ve) in o.iter_mut().zip(self.row(self.v, s, g)) {
-                    *oe += p * ve;
-                }
-            }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{DType, Device, Tensor};
+
+    use crate::kv_pool::{write_index, KvPool, SeqBlocks};
+    use crate::transformer::backend::Candle;
+    use crate::transformer::paged::{decode_gathered, DecodeTable, Segment};
+
+    #[test]
+    fn the_kernel_equals_its_candle_twin() {
+        let dev = Device::Cpu;
+        let (kv, d, heads) = (2usize, 8usize, 4usize);
+        let mut pool = KvPool::new(1, kv, d, 4096, DType::F32, &dev).unwrap();
+        let lens = [1usize, 70, 33, 129];
+        let mut segs = Vec::new();
+        for (i, &len) in lens.iter().enumerate() {
+            let mut s = SeqBlocks::default();
+            assert!(pool.reserve(&mut s, len).unwrap());
+            let slots: Vec<u32> = s.slots(len).collect();
+            let k = Tensor::randn(0f32, 1.0, (len * kv, d), &dev).unwrap();
+            let v = Tensor::randn(0f32, 1.0, (len * kv, d), &dev).unwrap();
+            let idx = write_index(&slots, kv, d, &dev).unwrap();
+            pool.write(0, &idx, &k, &v).unwrap();
+            segs.push(Segment {
+                start: len - 1,
+                len: 1,
+                slots,
+            });
+            // interleave another owner's blocks
+            let mut gap = SeqBlocks::default();
+            assert!(pool.reserve(&mut gap, 3 + i).unwrap());
         }
+        let table = DecodeTable::new(&segs, &dev);
+        let q = Tensor::randn(0f32, 1.0, (lens.len(), heads, 1, d), &dev).unwrap();
+        let (kp, vp) = pool.layer(0);
+        let got = super::paged_decode_attention(&q, kp, vp, kv, &table).unwrap();
+        let be = Candle {
+            differentiable: false,
+        };
+        let want = decode_gathered(&be, &q, kp, vp, kv, &table).unwrap();
+        assert_eq!(got.dims(), want.dims());
+        let diff = (got - want)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(diff < 1e-5, "kernel vs candle twin: {diff}");
     }
 }

@@ -171,6 +171,11 @@ pub struct EngineCounters {
     pub preempted: u64,
     /// Forward passes run.
     pub forwards: u64,
+    /// Nanoseconds in forward passes that had prompt rows, and in those with decode rows only.
+    pub prefill_forward_ns: u64,
+    pub decode_forward_ns: u64,
+    /// Nanoseconds in the output head and sampling (logits, device sampler, ids to the host).
+    pub sample_ns: u64,
 }
 
 /// A sequence in the engine. Its context is `req.prompt ++ tokens`; `kv` stores the first
@@ -252,10 +257,10 @@ impl Engine {
         if bound < 2 {
             return bad("kv_cache_tokens must be at least 2");
         }
-        let width = cfg.num_key_value_heads * cfg.head_dim;
         let pool = KvPool::new(
             cfg.num_hidden_layers,
-            width,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
             bound,
             policy.dtype(),
             policy.device(),

@@ -1,6 +1,8 @@
 //! One engine step: admit, plan rows and room, forward, sample, retire (see the module header of
 //! `engine`).
 
+use std::time::Instant;
+
 use candle_core::{DType, Tensor};
 
 use super::{Completion, Engine, FinishReason, SampledToken, Seq, StepOutput};
@@ -26,7 +28,14 @@ impl Engine {
             return Ok(out);
         }
         let (batch, owners) = self.batch(&plan);
+        let t0 = Instant::now();
         let hidden = self.policy.inference().forward_paged(&batch, &self.pool)?;
+        let ns = t0.elapsed().as_nanos() as u64;
+        if batch.prefill.is_empty() {
+            self.counters.decode_forward_ns += ns;
+        } else {
+            self.counters.prefill_forward_ns += ns;
+        }
         self.counters.forwards += 1;
         for p in &plan {
             let s = &mut self.active[p.idx];
@@ -41,12 +50,14 @@ impl Engine {
         if owners.is_empty() {
             return Ok(out);
         }
+        let t0 = Instant::now();
         let logits = self
             .policy
             .inference()
             .logits(&hidden)?
             .to_dtype(DType::F32)?;
         self.sample(&logits, &owners, &mut out)?;
+        self.counters.sample_ns += t0.elapsed().as_nanos() as u64;
         self.retire(&mut out)?;
         Ok(out)
     }

@@ -71,7 +71,7 @@ pub(crate) trait Backend: fmt::Debug + Send + Sync {
     ) -> Result<Tensor>;
 
     /// The engine's decode attention: `q` `[n, heads, 1, d]` attends over the positions of
-    /// `table` in the paged pool buffers `[slots, kv · d]`; returns `[n, 1, heads · d]` (spelled
+    /// `table` in the paged pool buffers `[blocks · kv · BLOCK, d]`; returns `[n, 1, heads · d]` (spelled
     /// out: [`paged::decode_gathered`]).
     fn paged_decode_attention(
         &self,

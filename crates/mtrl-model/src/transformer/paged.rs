@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 use candle_core::{Device, Result, Tensor};
 
 use super::{mask_value, Transformer};
-use crate::kv_pool::{write_index, KvPool};
+use crate::kv_pool::{gather_index, write_index, KvPool};
 
 /// One sequence's rows in a step.
 #[derive(Debug, Clone)]
@@ -53,7 +53,7 @@ pub struct DecodeTable {
 }
 
 impl DecodeTable {
-    fn new(segs: &[Segment], device: &Device) -> Self {
+    pub(crate) fn new(segs: &[Segment], device: &Device) -> Self {
         let max_len = segs.iter().map(|s| s.slots.len()).max().unwrap_or(0);
         let mut slots = vec![0u32; segs.len() * max_len];
         for (i, s) in segs.iter().enumerate() {
@@ -68,14 +68,18 @@ impl DecodeTable {
         }
     }
 
-    /// The gather index `[n · max_len]` and the additive length mask `[n, 1, 1, max_len]` (built
-    /// once, on first use).
-    pub fn gather_and_mask(&self, dtype: candle_core::DType) -> Result<&(Tensor, Tensor)> {
+    /// The gather index `[n · kv · max_len]` and the additive length mask `[n, 1, 1, max_len]`
+    /// (built once, on first use).
+    pub fn gather_and_mask(
+        &self,
+        dtype: candle_core::DType,
+        kv: usize,
+    ) -> Result<&(Tensor, Tensor)> {
         if let Some(g) = self.gathered.get() {
             return Ok(g);
         }
         let (n, s) = (self.lens.len(), self.max_len);
-        let idx = Tensor::from_slice(&self.slots, n * s, &self.device)?;
+        let idx = gather_index(&self.slots, n, kv, &self.device)?;
         let neg = mask_value(dtype);
         let mut m = vec![0f32; n * s];
         for (i, &len) in self.lens.iter().enumerate() {
@@ -86,15 +90,11 @@ impl DecodeTable {
     }
 }
 
-/// Keys or values of `slots` (`[m · s]` u32) from a pool buffer `[slots, kv · d]`, as
-/// `[m, kv, s, d]`.
+/// Keys or values at a [`gather_index`] (`[m · kv · s]`) from a pool buffer, as `[m, kv, s, d]`.
 pub(crate) fn gather_heads(pool: &Tensor, idx: &Tensor, m: usize, kv: usize) -> Result<Tensor> {
-    let width = pool.dim(1)?;
-    let s = idx.dim(0)? / m.max(1);
-    pool.index_select(idx, 0)?
-        .reshape((m, s, kv, width / kv))?
-        .transpose(1, 2)?
-        .contiguous()
+    let d = pool.dim(1)?;
+    let s = idx.dim(0)? / (m * kv).max(1);
+    pool.index_select(idx, 0)?.reshape((m, kv, s, d))
 }
 
 /// The prefill segments' padding: query rows, key slots, mask, and where valid outputs sit.
@@ -103,7 +103,7 @@ struct PrefillTable {
     t_max: usize,
     /// `[m · t_max]`: row (within the prefill rows) of each padded query; padding repeats 0.
     q_rows: Tensor,
-    /// `[m · s_max]`: slot of each padded key.
+    /// `[m · kv · s_max]`: buffer row of each padded key (see [`gather_index`]).
     kv_slots: Tensor,
     /// `[m, 1, t_max, s_max]` additive.
     mask: Tensor,
@@ -112,7 +112,7 @@ struct PrefillTable {
 }
 
 impl PrefillTable {
-    fn new(segs: &[Segment], dtype: candle_core::DType, dev: &Device) -> Result<Self> {
+    fn new(segs: &[Segment], kv: usize, dtype: candle_core::DType, dev: &Device) -> Result<Self> {
         let m = segs.len();
         let t_max = segs.iter().map(|s| s.len).max().unwrap_or(0);
         let s_max = segs.iter().map(|s| s.start + s.len).max().unwrap_or(0);
@@ -134,7 +134,7 @@ impl PrefillTable {
             m,
             t_max,
             q_rows: Tensor::from_vec(q_rows, m * t_max, dev)?,
-            kv_slots: Tensor::from_vec(kv_slots, m * s_max, dev)?,
+            kv_slots: gather_index(&kv_slots, m, kv, dev)?,
             mask: Tensor::from_vec(mask, (m, 1, t_max, s_max), dev)?.to_dtype(dtype)?,
             out_rows: Tensor::from_vec(out_rows, row as usize, dev)?,
         })
@@ -173,12 +173,12 @@ impl Transformer {
             candle_core::bail!("a model without layers")
         };
         let (heads, kv, d) = (l0.attn.heads, l0.attn.kv_heads, l0.attn.head_dim);
-        let index = write_index(&write_slots, kv * d, dev)?;
+        let index = write_index(&write_slots, kv, d, dev)?;
         let decode = DecodeTable::new(&batch.decode, dev);
         let prefill = if batch.prefill.is_empty() {
             None
         } else {
-            Some(PrefillTable::new(&batch.prefill, x.dtype(), dev)?)
+            Some(PrefillTable::new(&batch.prefill, kv, x.dtype(), dev)?)
         };
         for (li, l) in self.layers.iter().enumerate() {
             let h = self.be.rms_norm(&x, &l.input_ln, self.eps)?;
@@ -187,8 +187,8 @@ impl Transformer {
             pool.write(
                 li,
                 &index,
-                &rows(&k)?.reshape((t, kv * d))?,
-                &rows(&v)?.reshape((t, kv * d))?,
+                &rows(&k)?.reshape((t * kv, d))?,
+                &rows(&v)?.reshape((t * kv, d))?,
             )?;
             let q = rows(&q)?.contiguous()?; // [t, heads, d]
             let (kp, vp) = pool.layer(li);
@@ -234,7 +234,7 @@ pub(crate) fn decode_gathered(
     table: &DecodeTable,
 ) -> Result<Tensor> {
     let n = table.lens.len();
-    let (idx, mask) = table.gather_and_mask(q.dtype())?;
+    let (idx, mask) = table.gather_and_mask(q.dtype(), kv)?;
     let k = gather_heads(k_pool, idx, n, kv)?;
     let v = gather_heads(v_pool, idx, n, kv)?;
     be.attention(q, &k, &v, Some(mask))

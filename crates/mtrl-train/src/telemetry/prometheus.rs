@@ -175,6 +175,9 @@ fn step_series(r: &StepRecord) {
     metrics::histogram!("mtrl_train_admission_wait_seconds").record(r.admission_wait_s);
     metrics::gauge!("mtrl_train_rollout_tokens_per_second").set(r.rollout_tokens_per_s);
     metrics::gauge!("mtrl_train_learner_tokens_per_second").set(r.learner_tokens_per_s);
+    metrics::counter!("mtrl_train_prompt_tokens_prefilled_total")
+        .increment(r.prompt_tokens_prefilled);
+    metrics::counter!("mtrl_train_prompt_tokens_reused_total").increment(r.prompt_tokens_reused);
     metrics::histogram!("mtrl_train_generate_seconds").record(r.time_generate_s);
     metrics::histogram!("mtrl_train_tools_seconds").record(r.time_tools_s);
     metrics::histogram!("mtrl_train_learn_seconds").record(r.time_learn_s);
