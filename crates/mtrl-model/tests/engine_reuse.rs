@@ -286,3 +286,47 @@ fn logprobs_match_the_learner_and_truncation_is_reported() {
         .zip(&out[1].logprobs)
         .any(|(t, l)| t - l > 1e-3));
 }
+
+#[test]
+fn a_sequence_is_bit_identical_whatever_joins_its_step() {
+    let p = |seed| SamplingParams {
+        temperature: 1.0,
+        top_k: 16,
+        seed,
+        ..Default::default()
+    };
+    let prompts: Vec<Vec<u32>> = (0..6u32)
+        .map(|i| {
+            (0..(20 + 17 * i))
+                .map(|k| (k * 7 + i * 31) % 400 + 5)
+                .collect()
+        })
+        .collect();
+    let alone: Vec<Completion> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, pr)| {
+            let mut e = engine(EngineOptions {
+                prefill_chunk_tokens: 64,
+                ..EngineOptions::new(1)
+            });
+            e.generate(vec![req(pr.clone(), 3, p(i as u64), None)])
+                .unwrap()
+                .remove(0)
+        })
+        .collect();
+    let mut e = engine(EngineOptions {
+        prefill_chunk_tokens: 64,
+        ..EngineOptions::new(6)
+    });
+    let reqs = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, pr)| req(pr.clone(), 3, p(i as u64), None))
+        .collect();
+    let together = e.generate(reqs).unwrap();
+    for (a, b) in alone.iter().zip(&together) {
+        assert_eq!(a.tokens, b.tokens);
+        assert_eq!(a.logprobs, b.logprobs, "bits differ with batch-mates");
+    }
+}

@@ -157,6 +157,10 @@ impl Backend for CpuF32 {
         decode::decode_attention(li, q, k, v, caches)
     }
 
+    fn ragged_in_one_pass(&self) -> bool {
+        false
+    }
+
     fn paged_decode_attention(
         &self,
         q: &Tensor,

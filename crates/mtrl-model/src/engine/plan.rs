@@ -91,24 +91,34 @@ impl Engine {
         }
     }
 
-    /// This step's rows, oldest sequence first: one for each decoding sequence, prompt rows up to
-    /// the prefill budget for the others; each with room in the store (evicting parked sessions,
-    /// then preempting the youngest sequences).
+    /// This step's rows, oldest sequence first: one for each decoding sequence, and prompt chunks
+    /// for the others while the prefill budget lasts; each with room in the store (evicting
+    /// parked sessions, then preempting the youngest sequences).
+    ///
+    /// A prompt is cut at multiples of `prefill_chunk_tokens` of its own positions, never by
+    /// what else is in the step (a chunk waits for a step with budget for all of it; the first
+    /// chunk of a step always runs), so a sequence's rows are the same in every run.
     fn plan(&mut self) -> Result<Vec<Planned>> {
-        let mut budget = self.opts.prefill_chunk_tokens;
+        let chunk = self.opts.prefill_chunk_tokens;
+        let mut budget = chunk;
+        let mut first = true;
         let mut plan = Vec::with_capacity(self.active.len());
         let mut i = 0;
         while i < self.active.len() {
             let s = &self.active[i];
             let (start, tail) = (s.kv.len(), s.context_len() - s.kv.len());
-            let len = if tail == 1 { 1 } else { tail.min(budget) };
-            if tail > 1 {
-                budget -= len;
-            }
-            if len == 0 {
-                i += 1;
-                continue;
-            }
+            let len = if tail == 1 {
+                1
+            } else {
+                let len = tail.min(chunk - start % chunk);
+                if len > budget && !first {
+                    i += 1;
+                    continue;
+                }
+                first = false;
+                budget = budget.saturating_sub(len);
+                len
+            };
             if self.make_room(i, start + len)? {
                 plan.push(Planned { idx: i, start, len });
                 i += 1;

@@ -70,6 +70,13 @@ pub(crate) trait Backend: fmt::Debug + Send + Sync {
         caches: &mut [&mut KvCache],
     ) -> Result<Tensor>;
 
+    /// Whether the engine's forward should run a step's decode rows and prompt segments in one
+    /// pass (fewest kernels) rather than one pass per segment (a row's arithmetic then never
+    /// depends on what shares its step: the CPU kernels pick their blocking by row count).
+    fn ragged_in_one_pass(&self) -> bool {
+        true
+    }
+
     /// The engine's decode attention: `q` `[n, heads, 1, d]` attends over the positions of
     /// `table` in the paged pool buffers `[blocks · kv · BLOCK, d]`; returns `[n, 1, heads · d]` (spelled
     /// out: [`paged::decode_gathered`]).

@@ -144,8 +144,62 @@ impl PrefillTable {
 impl Transformer {
     /// Runs the rows of `batch` through the model, writing their keys and values into `pool` at
     /// the slots of their positions. Returns the final-normed hidden states of
-    /// `batch.outputs`, `[outputs, hidden]`.
+    /// `batch.outputs` (ascending rows), `[outputs, hidden]`.
+    ///
+    /// One pass for all rows where the backend runs ragged batches in one pass (candle: the
+    /// fewest kernels); otherwise (the CPU kernels) the decode rows in one pass and each prefill
+    /// segment in its own, so a row's arithmetic never depends on what shares its step — the
+    /// product kernels pick their blocking by row count — and runs are reproducible.
     pub fn forward_paged(&self, batch: &PagedBatch, pool: &KvPool) -> Result<Tensor> {
+        if self.be.ragged_in_one_pass() || batch.decode.len() + batch.prefill.len() <= 1 {
+            return self.forward_rows(batch, pool);
+        }
+        let n_dec = batch.decode.len();
+        let mut parts = Vec::with_capacity(1 + batch.prefill.len());
+        let mut out_at = batch.outputs.iter().copied().peekable();
+        let mut take = |lo: u32, hi: u32| -> Vec<u32> {
+            let mut v = Vec::new();
+            while let Some(r) = out_at.next_if(|&r| r < hi) {
+                v.push(r - lo);
+            }
+            v
+        };
+        if n_dec > 0 {
+            let sub = PagedBatch {
+                ids: batch.ids[..n_dec].to_vec(),
+                decode: batch.decode.clone(),
+                prefill: Vec::new(),
+                outputs: take(0, n_dec as u32),
+            };
+            parts.push((sub.outputs.len(), sub));
+        }
+        let mut row = n_dec;
+        for seg in &batch.prefill {
+            let sub = PagedBatch {
+                ids: batch.ids[row..row + seg.len].to_vec(),
+                decode: Vec::new(),
+                prefill: vec![seg.clone()],
+                outputs: take(row as u32, (row + seg.len) as u32),
+            };
+            row += seg.len;
+            parts.push((sub.outputs.len(), sub));
+        }
+        let mut hidden = Vec::with_capacity(parts.len());
+        for (n, sub) in &parts {
+            let h = self.forward_rows(sub, pool)?;
+            if *n > 0 {
+                hidden.push(h);
+            }
+        }
+        if hidden.is_empty() {
+            let h = self.embed.dim(1)?;
+            return Tensor::zeros((0, h), self.embed.dtype(), self.embed.device());
+        }
+        Tensor::cat(&hidden, 0)
+    }
+
+    /// [`Self::forward_paged`] in one pass.
+    fn forward_rows(&self, batch: &PagedBatch, pool: &KvPool) -> Result<Tensor> {
         let dev = self.embed.device();
         let t = batch.ids.len();
         let n_dec = batch.decode.len();
