@@ -16,9 +16,7 @@ use serde::Serialize;
 
 use crate::bench::ids;
 use crate::config::Config;
-use crate::engine::{
-    Completion, Engine, EngineOptions, GenerationRequest, LegacyEngine, SeqId, StepOutput,
-};
+use crate::engine::{Completion, Engine, EngineOptions, GenerationRequest, LegacyEngine, Stepper};
 use crate::error::Result;
 use crate::policy::Policy;
 use crate::sampler::SamplingParams;
@@ -68,33 +66,9 @@ pub struct EngineBenchReport {
     pub kv_reuse_factor: f64,
 }
 
-/// The two engines behind one interface.
-trait Driver {
-    fn submit(&mut self, r: GenerationRequest) -> Result<SeqId>;
-    fn step(&mut self) -> Result<StepOutput>;
-}
-
-impl Driver for Engine {
-    fn submit(&mut self, r: GenerationRequest) -> Result<SeqId> {
-        Engine::submit(self, r)
-    }
-    fn step(&mut self) -> Result<StepOutput> {
-        Engine::step(self)
-    }
-}
-
-impl Driver for LegacyEngine {
-    fn submit(&mut self, r: GenerationRequest) -> Result<SeqId> {
-        LegacyEngine::submit(self, r)
-    }
-    fn step(&mut self) -> Result<StepOutput> {
-        LegacyEngine::step(self)
-    }
-}
-
 /// Runs the workload once; returns (wall seconds, sampled tokens, prompt tokens fed).
 fn workload(
-    e: &mut dyn Driver,
+    e: &mut dyn Stepper,
     o: &EngineBenchOptions,
     vocab: usize,
 ) -> Result<(f64, u64, u64, u64)> {

@@ -47,7 +47,7 @@ pub use codec::TemplateCodec;
 pub use config::{parse_device, parse_dtype, Config, Family, GenerationConfig};
 pub use engine::{
     Completion, Engine, EngineCounters, EngineOptions, FinishReason, GenerationRequest,
-    LegacyEngine, SampledToken, SeqId, StepOutput,
+    LegacyEngine, SampledToken, SeqId, StepOutput, Stepper,
 };
 pub use error::{ModelError, Result};
 pub use kv_cache::KvCache;

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
 use crossbeam_channel::{select, Receiver, Sender};
-use mtrl_model::{Completion, Engine, FinishReason, GenerationRequest, SeqId};
+use mtrl_model::{Completion, Engine, GenerationRequest, SeqId};
 use tokio::sync::oneshot;
 
 use crate::error::{Result, RolloutError};
@@ -133,18 +133,6 @@ impl Drop for EngineThread {
     }
 }
 
-fn empty(req: GenerationRequest) -> Completion {
-    Completion {
-        seq: SeqId::MAX,
-        prompt: req.prompt,
-        tokens: Vec::new(),
-        logprobs: Vec::new(),
-        versions: Vec::new(),
-        truncated_logprobs: Vec::new(),
-        finish: FinishReason::Length,
-    }
-}
-
 fn engine_loop(
     mut engine: Engine,
     jobs: Receiver<Job>,
@@ -160,7 +148,7 @@ fn engine_loop(
         };
         if req.max_new_tokens == 0 {
             // The engine drops such requests silently; answer at once instead.
-            let _ = reply.send(Ok(empty(req)));
+            let _ = reply.send(Ok(Completion::empty(SeqId::MAX, req.prompt)));
             return;
         }
         match engine.submit(req) {

@@ -25,8 +25,11 @@ use std::sync::Arc;
 use candle_core::{DType, Tensor};
 use rand_chacha::ChaCha8Rng;
 
-use super::{Completion, FinishReason, GenerationRequest, SampledToken, SeqId, StepOutput};
-use crate::error::{ModelError, Result};
+use super::{
+    check_request, Completion, FinishReason, GenerationRequest, SampledToken, SeqId, StepOutput,
+    Stepper,
+};
+use crate::error::Result;
 use crate::kv_cache::KvCache;
 use crate::policy::Policy;
 use crate::sampler::sample;
@@ -98,28 +101,9 @@ impl LegacyEngine {
     /// a prompt that leaves no room in the context window, an out-of-vocabulary id, bad sampling
     /// parameters, or stop strings without a tokenizer.
     pub fn submit(&mut self, req: GenerationRequest) -> Result<SeqId> {
-        req.sampling.validate()?;
-        let max = self.policy.config().max_position_embeddings;
-        if req.prompt.is_empty() {
-            return Err(ModelError::InvalidArgument("empty prompt".into()));
-        }
-        if req.prompt.len() >= max {
-            return Err(ModelError::ContextOverflow {
-                len: req.prompt.len(),
-                max,
-            });
-        }
-        let vocab = self.policy.config().vocab_size;
-        if let Some(&bad) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
-            return Err(ModelError::InvalidArgument(format!(
-                "prompt token id {bad} is outside the vocabulary of {vocab} ids"
-            )));
-        }
-        if !req.stop_strings.is_empty() && self.tokenizer.is_none() {
-            return Err(ModelError::InvalidArgument(
-                "stop strings need an engine with a tokenizer".into(),
-            ));
-        }
+        let cfg = self.policy.config();
+        let max = cfg.max_position_embeddings;
+        check_request(&req, max, cfg.vocab_size, self.tokenizer.is_some())?;
         let id = self.next_id;
         self.next_id += 1;
         self.waiting.push_back((id, req));
@@ -241,32 +225,16 @@ impl LegacyEngine {
         self.active = keep;
         Ok(out)
     }
+}
 
-    /// Submits `requests`, steps until all finish and returns their completions in request order.
-    pub fn generate(&mut self, requests: Vec<GenerationRequest>) -> Result<Vec<Completion>> {
-        let ids = requests
-            .into_iter()
-            .map(|r| self.submit(r))
-            .collect::<Result<Vec<_>>>()?;
-        let mut done: HashMap<SeqId, Completion> = HashMap::new();
-        while ids.iter().any(|id| !done.contains_key(id)) && self.num_unfinished() > 0 {
-            for c in self.step()?.finished {
-                done.insert(c.seq, c);
-            }
-        }
-        Ok(ids
-            .iter()
-            .map(|id| {
-                done.remove(id).unwrap_or(Completion {
-                    seq: *id,
-                    prompt: Vec::new(),
-                    tokens: Vec::new(),
-                    logprobs: Vec::new(),
-                    versions: Vec::new(),
-                    truncated_logprobs: Vec::new(),
-                    finish: FinishReason::Length,
-                })
-            })
-            .collect())
+impl Stepper for LegacyEngine {
+    fn submit(&mut self, req: GenerationRequest) -> Result<SeqId> {
+        LegacyEngine::submit(self, req)
+    }
+    fn step(&mut self) -> Result<StepOutput> {
+        LegacyEngine::step(self)
+    }
+    fn num_unfinished(&self) -> usize {
+        LegacyEngine::num_unfinished(self)
     }
 }

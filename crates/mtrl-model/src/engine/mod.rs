@@ -133,6 +133,83 @@ pub struct StepOutput {
     pub finished: Vec<Completion>,
 }
 
+impl Completion {
+    /// A sequence that produced nothing (its request asked for no token, or it never finished).
+    pub fn empty(seq: SeqId, prompt: Vec<u32>) -> Completion {
+        Completion {
+            seq,
+            prompt,
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            versions: Vec::new(),
+            truncated_logprobs: Vec::new(),
+            finish: FinishReason::Length,
+        }
+    }
+}
+
+/// What every engine does: queue requests, step. [`Stepper::generate`] is written once on top.
+pub trait Stepper {
+    /// Queues a request; it joins the batch at a later step.
+    fn submit(&mut self, req: GenerationRequest) -> Result<SeqId>;
+    /// Runs one step.
+    fn step(&mut self) -> Result<StepOutput>;
+    /// Sequences active or waiting.
+    fn num_unfinished(&self) -> usize;
+
+    /// Submits `requests`, steps until all finish and returns their completions in request order.
+    fn generate(&mut self, requests: Vec<GenerationRequest>) -> Result<Vec<Completion>> {
+        let ids = requests
+            .into_iter()
+            .map(|r| self.submit(r))
+            .collect::<Result<Vec<_>>>()?;
+        let mut done: HashMap<SeqId, Completion> = HashMap::new();
+        while ids.iter().any(|id| !done.contains_key(id)) && self.num_unfinished() > 0 {
+            for c in self.step()?.finished {
+                done.insert(c.seq, c);
+            }
+        }
+        Ok(ids
+            .iter()
+            .map(|id| {
+                done.remove(id)
+                    .unwrap_or_else(|| Completion::empty(*id, Vec::new()))
+            })
+            .collect())
+    }
+}
+
+/// The checks of `submit`, shared by both engines: valid sampling parameters, a non-empty prompt
+/// that leaves room below `max` positions, ids inside the vocabulary, a tokenizer for stop strings.
+pub(crate) fn check_request(
+    req: &GenerationRequest,
+    max: usize,
+    vocab: usize,
+    has_tokenizer: bool,
+) -> Result<()> {
+    req.sampling.validate()?;
+    if req.prompt.is_empty() {
+        return Err(ModelError::InvalidArgument("empty prompt".into()));
+    }
+    if req.prompt.len() >= max {
+        return Err(ModelError::ContextOverflow {
+            len: req.prompt.len(),
+            max,
+        });
+    }
+    if let Some(&bad) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ModelError::InvalidArgument(format!(
+            "prompt token id {bad} is outside the vocabulary of {vocab} ids"
+        )));
+    }
+    if !req.stop_strings.is_empty() && !has_tokenizer {
+        return Err(ModelError::InvalidArgument(
+            "stop strings need an engine with a tokenizer".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// How the engine batches and how much it keeps resident.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineOptions {
@@ -320,28 +397,12 @@ impl Engine {
     /// a prompt that leaves no room in the context window or the store, an out-of-vocabulary id,
     /// bad sampling parameters, or stop strings without a tokenizer.
     pub fn submit(&mut self, req: GenerationRequest) -> Result<SeqId> {
-        req.sampling.validate()?;
-        let max = self.context_limit();
-        if req.prompt.is_empty() {
-            return Err(ModelError::InvalidArgument("empty prompt".into()));
-        }
-        if req.prompt.len() >= max {
-            return Err(ModelError::ContextOverflow {
-                len: req.prompt.len(),
-                max,
-            });
-        }
-        let vocab = self.policy.config().vocab_size;
-        if let Some(&bad) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
-            return Err(ModelError::InvalidArgument(format!(
-                "prompt token id {bad} is outside the vocabulary of {vocab} ids"
-            )));
-        }
-        if !req.stop_strings.is_empty() && self.tokenizer.is_none() {
-            return Err(ModelError::InvalidArgument(
-                "stop strings need an engine with a tokenizer".into(),
-            ));
-        }
+        check_request(
+            &req,
+            self.context_limit(),
+            self.policy.config().vocab_size,
+            self.tokenizer.is_some(),
+        )?;
         let id = self.next_id;
         self.next_id += 1;
         self.waiting.push_back(Seq {
@@ -379,6 +440,12 @@ impl Engine {
         Ok(())
     }
 
+    /// Submits `requests`, steps until all finish and returns their completions in request order
+    /// ([`Stepper::generate`], callable without the trait in scope).
+    pub fn generate(&mut self, requests: Vec<GenerationRequest>) -> Result<Vec<Completion>> {
+        Stepper::generate(self, requests)
+    }
+
     /// Positions a sequence may reach: the context window, or the store's bound if smaller.
     fn context_limit(&self) -> usize {
         self.policy
@@ -386,32 +453,16 @@ impl Engine {
             .max_position_embeddings
             .min(self.pool.max_tokens())
     }
+}
 
-    /// Submits `requests`, steps until all finish and returns their completions in request order.
-    pub fn generate(&mut self, requests: Vec<GenerationRequest>) -> Result<Vec<Completion>> {
-        let ids = requests
-            .into_iter()
-            .map(|r| self.submit(r))
-            .collect::<Result<Vec<_>>>()?;
-        let mut done: HashMap<SeqId, Completion> = HashMap::new();
-        while ids.iter().any(|id| !done.contains_key(id)) && self.num_unfinished() > 0 {
-            for c in self.step()?.finished {
-                done.insert(c.seq, c);
-            }
-        }
-        Ok(ids
-            .iter()
-            .map(|id| {
-                done.remove(id).unwrap_or(Completion {
-                    seq: *id,
-                    prompt: Vec::new(),
-                    tokens: Vec::new(),
-                    logprobs: Vec::new(),
-                    versions: Vec::new(),
-                    truncated_logprobs: Vec::new(),
-                    finish: FinishReason::Length,
-                })
-            })
-            .collect())
+impl Stepper for Engine {
+    fn submit(&mut self, req: GenerationRequest) -> Result<SeqId> {
+        Engine::submit(self, req)
+    }
+    fn step(&mut self) -> Result<StepOutput> {
+        Engine::step(self)
+    }
+    fn num_unfinished(&self) -> usize {
+        Engine::num_unfinished(self)
     }
 }

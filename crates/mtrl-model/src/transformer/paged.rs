@@ -40,6 +40,16 @@ pub struct PagedBatch {
     pub outputs: Vec<u32>,
 }
 
+/// A borrowed view of a [`PagedBatch`] (or of one part of it), so splitting a step into passes
+/// copies no slot table.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    ids: &'a [u32],
+    decode: &'a [Segment],
+    prefill: &'a [Segment],
+    outputs: &'a [u32],
+}
+
 /// Per-row slot tables of the decode rows, shared by every layer of one forward.
 #[derive(Debug)]
 pub struct DecodeTable {
@@ -151,43 +161,41 @@ impl Transformer {
     /// segment in its own, so a row's arithmetic never depends on what shares its step — the
     /// product kernels pick their blocking by row count — and runs are reproducible.
     pub fn forward_paged(&self, batch: &PagedBatch, pool: &KvPool) -> Result<Tensor> {
-        if self.be.ragged_in_one_pass() || batch.decode.len() + batch.prefill.len() <= 1 {
-            return self.forward_rows(batch, pool);
-        }
-        let n_dec = batch.decode.len();
-        let mut parts = Vec::with_capacity(1 + batch.prefill.len());
-        let mut out_at = batch.outputs.iter().copied().peekable();
-        let mut take = |lo: u32, hi: u32| -> Vec<u32> {
-            let mut v = Vec::new();
-            while let Some(r) = out_at.next_if(|&r| r < hi) {
-                v.push(r - lo);
-            }
-            v
+        let b = Rows {
+            ids: &batch.ids,
+            decode: &batch.decode,
+            prefill: &batch.prefill,
+            outputs: &batch.outputs,
         };
+        if self.be.ragged_in_one_pass() || b.decode.len() + b.prefill.len() <= 1 {
+            return self.forward_rows(b, pool);
+        }
+        let n_dec = b.decode.len();
+        // Outputs are ascending rows: each part's are a contiguous run of them.
+        let split = |hi: usize| b.outputs.partition_point(|&r| (r as usize) < hi);
+        let mut parts = Vec::with_capacity(1 + b.prefill.len());
         if n_dec > 0 {
-            let sub = PagedBatch {
-                ids: batch.ids[..n_dec].to_vec(),
-                decode: batch.decode.clone(),
-                prefill: Vec::new(),
-                outputs: take(0, n_dec as u32),
-            };
-            parts.push((sub.outputs.len(), sub));
+            parts.push((0, n_dec, b.decode, &b.prefill[..0]));
         }
         let mut row = n_dec;
-        for seg in &batch.prefill {
-            let sub = PagedBatch {
-                ids: batch.ids[row..row + seg.len].to_vec(),
-                decode: Vec::new(),
-                prefill: vec![seg.clone()],
-                outputs: take(row as u32, (row + seg.len) as u32),
-            };
+        for (j, seg) in b.prefill.iter().enumerate() {
+            parts.push((row, row + seg.len, &b.decode[..0], &b.prefill[j..j + 1]));
             row += seg.len;
-            parts.push((sub.outputs.len(), sub));
         }
         let mut hidden = Vec::with_capacity(parts.len());
-        for (n, sub) in &parts {
+        for (lo, hi, decode, prefill) in parts {
+            let outputs: Vec<u32> = b.outputs[split(lo)..split(hi)]
+                .iter()
+                .map(|&r| r - lo as u32)
+                .collect();
+            let sub = Rows {
+                ids: &b.ids[lo..hi],
+                decode,
+                prefill,
+                outputs: &outputs,
+            };
             let h = self.forward_rows(sub, pool)?;
-            if *n > 0 {
+            if !outputs.is_empty() {
                 hidden.push(h);
             }
         }
@@ -199,13 +207,13 @@ impl Transformer {
     }
 
     /// [`Self::forward_paged`] in one pass.
-    fn forward_rows(&self, batch: &PagedBatch, pool: &KvPool) -> Result<Tensor> {
+    fn forward_rows(&self, batch: Rows<'_>, pool: &KvPool) -> Result<Tensor> {
         let dev = self.embed.device();
         let t = batch.ids.len();
         let n_dec = batch.decode.len();
         let mut positions = Vec::with_capacity(t);
         let mut write_slots = Vec::with_capacity(t);
-        for s in batch.decode.iter().chain(&batch.prefill) {
+        for s in batch.decode.iter().chain(batch.prefill) {
             for p in s.start..s.start + s.len {
                 positions.push(p as u32);
                 write_slots.push(s.slots[p]);
@@ -218,7 +226,7 @@ impl Transformer {
                 positions.len()
             )
         }
-        let ids = Tensor::from_slice(&batch.ids, (1, t), dev)?;
+        let ids = Tensor::from_slice(batch.ids, (1, t), dev)?;
         let mut x = self.embed_ids(&ids)?;
         let rope = self
             .rope
@@ -228,11 +236,11 @@ impl Transformer {
         };
         let (heads, kv, d) = (l0.attn.heads, l0.attn.kv_heads, l0.attn.head_dim);
         let index = write_index(&write_slots, kv, d, dev)?;
-        let decode = DecodeTable::new(&batch.decode, dev);
+        let decode = DecodeTable::new(batch.decode, dev);
         let prefill = if batch.prefill.is_empty() {
             None
         } else {
-            Some(PrefillTable::new(&batch.prefill, kv, x.dtype(), dev)?)
+            Some(PrefillTable::new(batch.prefill, kv, x.dtype(), dev)?)
         };
         for (li, l) in self.layers.iter().enumerate() {
             let h = self.be.rms_norm(&x, &l.input_ln, self.eps)?;
@@ -271,7 +279,7 @@ impl Transformer {
             x = (x + self.be.linear(&a, &l.attn.o)?)?;
             x = self.mlp_block(l, x)?;
         }
-        let out = Tensor::from_slice(&batch.outputs, batch.outputs.len(), dev)?;
+        let out = Tensor::from_slice(batch.outputs, batch.outputs.len(), dev)?;
         let x = x.squeeze(0)?.index_select(&out, 0)?;
         self.be.rms_norm(&x, &self.norm, self.eps)
     }
