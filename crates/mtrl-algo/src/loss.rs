@@ -5,17 +5,21 @@
 //!   l = min(l, −c·A) (dual-clip PPO). Where the clipped term is the smaller one, the gradient is
 //!   0; that choice is made explicitly with a mask rather than left to `minimum`'s tie rule, so
 //!   inside the trust region the gradient is exactly −A·r·∇logp (never doubled).
-//! - `cispo`: w = sg(min(r, 1+ε_high)) (no lower clip); l = −w·A·logp (MiniMax-M1). The value
-//!   depends on logp itself; the gradient is the PPO gradient with a clipped IS weight that never
-//!   vanishes.
-//! - `is`: truncated importance-sampled policy gradient: l = −A·min(r, C), the gradient flowing
-//!   through r only where r < C.
+//! - `cispo`: w = sg(clip(r, 1−ε_low, 1+ε_high)); l = −w·A·logp (MiniMax-M1, with the managed
+//!   service's two-sided bounds; ε_low = 1 leaves the lower side open as in the paper). The value
+//!   depends on logp itself; the gradient is −A·w·∇logp: a clipped IS weight that never vanishes.
+//! - `is`: importance-sampled policy gradient l = −A·r (the service's `importance_sampling`), with
+//!   an optional truncation cap C: l = −A·r·sg(min(r, C)/r), whose value is −A·min(r, C) and whose
+//!   gradient is −A·min(r, C)·∇logp (truncated IS: the weight is capped, never zeroed).
 //!
-//! Behaviour correction (rollout/learner mismatch, stale samples): when the behaviour log-probs
-//! (the ones the rollout engine sampled with) are given and differ from `logp_old` (the proximal
-//! policy, recomputed by the learner), every per-token loss is multiplied by
-//! w = sg(min(exp(logp_old − logp_behaviour), C)) — truncated IS (TIS), which with a recomputed
-//! proximal policy is decoupled PPO.
+//! `logp_old` is what the ratio is taken against: the sampler's log-probs (the managed service's
+//! definition) or a proximal policy the learner recomputed before several updates (decoupled PPO).
+//! In the second case the behaviour log-probs (the ones the rollout engine sampled with) are given
+//! too and every per-token loss is multiplied by w = sg(min(exp(logp_old − logp_behaviour), C)) —
+//! truncated IS (TIS) of the proximal policy against the sampler.
+//!
+//! Advantages are per sequence (`[B]`, broadcast over tokens) or per token (`[B, T]`, for the
+//! per-turn estimators).
 
 use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
@@ -31,14 +35,16 @@ pub enum PolicyLoss {
         dual_clip: Option<f64>,
     },
     Cispo {
+        clip_low: f64,
         clip_high: f64,
     },
+    /// `cap`: truncation of the IS weight (`None` = untruncated).
     Is {
-        cap: f64,
+        cap: Option<f64>,
     },
 }
 
-/// Tensors of one (micro-)batch. All `[B, T]` except `advantages` (`[B]`).
+/// Tensors of one (micro-)batch. All `[B, T]` except `advantages` (`[B]` or `[B, T]`).
 pub struct LossInputs<'a> {
     /// Current policy log-probs, on the autograd graph.
     pub logp: &'a Tensor,
@@ -80,18 +86,20 @@ pub fn per_token_loss(loss: PolicyLoss, x: &LossInputs<'_>) -> Result<LossOutput
             )));
         }
     }
-    if x.advantages.dims() != [b] {
-        return Err(AlgoError::Invalid(format!(
-            "advantages have shape {:?}, expected [{b}]",
-            x.advantages.dims()
-        )));
-    }
     let dtype = x.logp.dtype();
-    let adv = x
-        .advantages
-        .to_dtype(dtype)?
-        .unsqueeze(1)?
-        .broadcast_as((b, t))?;
+    let adv = match x.advantages.dims() {
+        [n] if *n == b => x
+            .advantages
+            .to_dtype(dtype)?
+            .unsqueeze(1)?
+            .broadcast_as((b, t))?,
+        [n, m] if *n == b && *m == t => x.advantages.to_dtype(dtype)?,
+        other => {
+            return Err(AlgoError::Invalid(format!(
+                "advantages have shape {other:?}, expected [{b}] or [{b}, {t}]"
+            )))
+        }
+    };
     let old = x.logp_old.detach();
     let ratio = (x.logp - &old)?.exp()?;
     let (per_token, clipped) = match loss {
@@ -124,17 +132,24 @@ pub fn per_token_loss(loss: PolicyLoss, x: &LossInputs<'_>) -> Result<LossOutput
             let n = mask_sum(&clipped, x.mask)?;
             (l, n)
         }
-        PolicyLoss::Cispo { clip_high } => {
+        PolicyLoss::Cispo {
+            clip_low,
+            clip_high,
+        } => {
             let r = ratio.detach();
-            let w = r.clamp(f64::MIN, 1.0 + clip_high)?;
-            let capped = r.gt(1.0 + clip_high)?;
+            let (lo, hi) = (1.0 - clip_low, 1.0 + clip_high);
+            let w = r.clamp(lo, hi)?;
+            let capped = (r.gt(hi)?.to_dtype(dtype)? + r.lt(lo)?.to_dtype(dtype)?)?;
             let l = w.mul(&adv)?.mul(x.logp)?.neg()?;
             (l, mask_sum(&capped, x.mask)?)
         }
-        PolicyLoss::Is { cap } => {
-            let over = ratio.detach().ge(cap)?.to_dtype(dtype)?;
-            let capped_ratio = (ratio.mul(&over.affine(-1.0, 1.0)?)? + over.affine(cap, 0.0)?)?;
-            let l = capped_ratio.mul(&adv)?.neg()?;
+        PolicyLoss::Is { cap: None } => (ratio.mul(&adv)?.neg()?, 0.0),
+        PolicyLoss::Is { cap: Some(cap) } => {
+            let r = ratio.detach();
+            let over = r.gt(cap)?;
+            // sg(min(r, C) / r): 1 below the cap, C / r above it.
+            let scale = r.clamp(f64::MIN, cap)?.div(&r)?.detach();
+            let l = ratio.mul(&scale)?.mul(&adv)?.neg()?;
             (l, mask_sum(&over, x.mask)?)
         }
     };

@@ -182,7 +182,10 @@ fn cispo_matches() {
     let p = &g["losses"]["cispo"];
     let mask = vec2(&g["loss_table"]["mask"]);
     let (loss, per_token, grad, _) = run(
-        PolicyLoss::Cispo { clip_high: 0.28 },
+        PolicyLoss::Cispo {
+            clip_low: 1.0,
+            clip_high: 0.28,
+        },
         false,
         Aggregation::TokenMean,
     );
@@ -209,7 +212,8 @@ fn tis_ppo_matches() {
 
 #[test]
 fn is_and_dual_clip_hand_worked() {
-    // One token, logp_old = 0: ratio = e^{logp}. IS with cap 1.5, A = 2.
+    // One token, logp_old = 0: ratio = e^{logp}. IS with cap 1.5, A = 2: the value is −A·min(r, C),
+    // the gradient −A·min(r, C) (truncated, never zeroed).
     let dev = &Device::Cpu;
     let mask = Tensor::new(&[[1.0f64, 1.0]], dev).unwrap();
     let old = Tensor::new(&[[0.0f64, 0.0]], dev).unwrap();
@@ -222,7 +226,7 @@ fn is_and_dual_clip_hand_worked() {
         advantages: &adv,
         mask: &mask,
     };
-    let out = per_token_loss(PolicyLoss::Is { cap: 1.5 }, &x).unwrap();
+    let out = per_token_loss(PolicyLoss::Is { cap: Some(1.5) }, &x).unwrap();
     let v = out.per_token.to_vec2::<f64>().unwrap();
     close(v[0][0], -2.0 * 0.1f64.exp(), "is below cap");
     close(v[0][1], -3.0, "is at cap");
@@ -230,7 +234,13 @@ fn is_and_dual_clip_hand_worked() {
     let g = out.per_token.sum_all().unwrap().backward().unwrap();
     let g = g.get(logp.as_tensor()).unwrap().to_vec2::<f64>().unwrap();
     close(g[0][0], -2.0 * 0.1f64.exp(), "is grad");
-    close(g[0][1], 0.0, "is grad capped");
+    close(g[0][1], -3.0, "is grad capped");
+    // Cap C = 1 (the weight of every token above 1 is 1): the gradient is −A, not 0.
+    let out = per_token_loss(PolicyLoss::Is { cap: Some(1.0) }, &x).unwrap();
+    let g = out.per_token.sum_all().unwrap().backward().unwrap();
+    let g = g.get(logp.as_tensor()).unwrap().to_vec2::<f64>().unwrap();
+    close(g[0][0], -2.0, "is cap 1");
+    close(g[0][1], -2.0, "is cap 1");
 
     // Dual clip, A = −1, ratio e^{1.5} = 4.48: PPO loss = 4.48, capped at −c·A = 3.
     let adv = Tensor::new(&[-1.0f64], dev).unwrap();
@@ -275,8 +285,11 @@ fn micro_batches_give_the_full_batch_gradient() {
             clip_high: 0.28,
             dual_clip: Some(3.0),
         },
-        PolicyLoss::Cispo { clip_high: 0.28 },
-        PolicyLoss::Is { cap: 2.0 },
+        PolicyLoss::Cispo {
+            clip_low: 1.0,
+            clip_high: 0.28,
+        },
+        PolicyLoss::Is { cap: Some(2.0) },
     ];
     let global = GlobalCounts::of_mask(&t.mask).unwrap();
     for agg in aggs {

@@ -50,6 +50,12 @@ pub struct StepRecord {
     pub loss: f64,
     pub clip_fraction: f64,
     pub behaviour_weight: f64,
+    /// Mean |π_θ / π_sampler − 1| over the trained tokens (how off-policy the batch was).
+    #[serde(default)]
+    pub sampler_gap: f64,
+    /// Optimizer updates of the step (`ppo_mini_batches`, 0 when skipped).
+    #[serde(default)]
+    pub updates: u64,
     pub entropy: f64,
     pub kl: f64,
     pub grad_norm: f64,
@@ -113,6 +119,8 @@ impl Default for StepRecord {
             loss: 0.0,
             clip_fraction: 0.0,
             behaviour_weight: 0.0,
+            sampler_gap: 0.0,
+            updates: 0,
             entropy: 0.0,
             kl: 0.0,
             grad_norm: 0.0,

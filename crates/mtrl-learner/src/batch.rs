@@ -20,7 +20,17 @@ pub struct Row {
     pub mask: Vec<f32>,
     /// `len − 1` entries: the rollout's log-prob of token t + 1 (0 where masked out).
     pub behaviour: Vec<f32>,
-    pub advantage: f64,
+    /// `len − 1` entries: the advantage of the token at t + 1 (0 where masked out).
+    pub advantages: Vec<f32>,
+    /// `len − 1` proximal log-probs (decoupled PPO), empty until the learner computes them.
+    pub prox: Vec<f32>,
+}
+
+impl Row {
+    /// Trained tokens (the mask's sum).
+    pub fn trained(&self) -> f64 {
+        self.mask.iter().map(|&m| m as f64).sum()
+    }
 }
 
 /// Rows of a batch, plus what was dropped.
@@ -82,11 +92,13 @@ pub fn build_rows(
                     }
                 })
                 .collect();
+            let advantages = mask.iter().map(|&m| m * a as f32).collect();
             out.rows.push(Row {
                 tokens: t.tokens.clone(),
                 mask,
                 behaviour,
-                advantage: a,
+                advantages,
+                prox: Vec::new(),
             });
         }
     }
@@ -146,7 +158,8 @@ mod tests {
         let row = &r.rows[0];
         assert_eq!(row.mask, vec![0.0, 1.0, 1.0]);
         assert_eq!(row.behaviour, vec![0.0, -0.5, -0.5]);
-        assert!((row.advantage - (1.0 - 1.0 / 3.0)).abs() < 1e-12);
+        let a = (1.0 - 1.0 / 3.0) as f32;
+        assert_eq!(row.advantages, vec![0.0, a, a]);
     }
 
     #[test]
@@ -155,7 +168,8 @@ mod tests {
             tokens: vec![0; n],
             mask: vec![1.0; n - 1],
             behaviour: vec![0.0; n - 1],
-            advantage: 0.0,
+            advantages: vec![0.0; n - 1],
+            prox: Vec::new(),
         };
         let rows = vec![row(4), row(4), row(8), row(2), row(20)];
         let mb = micro_batches(&rows, 16);

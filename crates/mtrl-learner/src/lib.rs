@@ -15,6 +15,7 @@ pub mod error;
 pub mod schedule;
 pub mod sft;
 pub mod step;
+mod update;
 
 pub use adamw::{AdamW, AdamWConfig};
 pub use checkpoint::{CheckpointManager, Rejected, TrainerState};
@@ -22,4 +23,4 @@ pub use clip::{clip_global_norm, global_norm};
 pub use error::{LearnerError, Result};
 pub use schedule::{Decay, LrSchedule};
 pub use sft::{sft_step, SftConfig, SftExample, SftMetrics};
-pub use step::{Learner, StepConfig, StepMetrics};
+pub use step::{Learner, RatioBase, StepConfig, StepMetrics};

@@ -63,7 +63,8 @@ fn rows(examples: &[SftExample]) -> Result<Vec<Row>> {
                 tokens: e.tokens.clone(),
                 mask: e.loss_mask[1..].iter().map(|m| *m as f32).collect(),
                 behaviour: vec![0.0; n],
-                advantage: 0.0,
+                advantages: vec![0.0; n],
+                prox: Vec::new(),
             })
         })
         .collect()

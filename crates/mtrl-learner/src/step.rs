@@ -3,13 +3,19 @@
 //! 1. advantages per group, staleness check, rows with shifted masks ([`crate::batch`]);
 //! 2. [`GlobalCounts`] of the whole batch, so micro-batch losses and gradients add up to the
 //!    full-batch ones whatever the split;
-//! 3. per micro-batch (token budget): the training forward with exact gradients
-//!    (`mtrl_model::logprobs_and_grads`); the proximal log-probs are the detached current ones
-//!    (one update per batch, so the PPO ratio is 1 and the clip acts through the behaviour
-//!    correction); the rollout's behaviour log-probs enter as the truncated-IS / decoupled-PPO
-//!    weight `min(exp(logp_prox − logp_behav), C)`; optional k3 KL to a frozen reference policy;
-//!    gradients accumulated by parameter name;
-//! 4. global-norm clipping, AdamW with the scheduled learning rate; the version becomes v + 1.
+//! 3. the rows are cut into `ppo_mini_batches` mini-batches, one optimizer update each
+//!    ([`crate::update`]); the PPO / CISPO / IS ratio is π_θ over
+//!    - the **sampler** (`ratio = "sampler"`, the managed service's definition): the rollout's
+//!      behaviour log-probs, so a stale or mismatched sample is clipped against the policy that
+//!      actually produced it; or
+//!    - a **proximal** policy (`ratio = "proximal"`, decoupled PPO as in AReaL): the learner's
+//!      log-probs recomputed once at the start of the step, before the first update; the
+//!      sampler then enters as the truncated-IS weight `min(exp(logp_prox − logp_behav), C)`.
+//!      With one update per batch the proximal policy would be the current one (ratio 1), so the
+//!      config requires `ppo_mini_batches >= 2` there;
+//! 4. per update: micro-batches (token budget) through the training forward with exact gradients,
+//!    optional k3 KL to a frozen reference, gradients accumulated by name, global-norm clipping,
+//!    AdamW at the step's scheduled learning rate. The version becomes v + 1.
 //!
 //! [`Learner::weights`] then gives device-side copies of every parameter for the rollout engine
 //! (`Tensor::copy`: no host round trip when learner and engine share a device), finished on the
@@ -18,22 +24,29 @@
 //! Determinism: on CPU the same batch, weights and optimizer state give the same bits (fixed
 //! micro-batch split, in-order accumulation, no RNG).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
-use mtrl_algo::{
-    aggregate, kl_k3, per_token_loss, Advantage, Aggregation, GlobalCounts, LossInputs, PolicyLoss,
-};
+use mtrl_algo::{Advantage, Aggregation, PolicyLoss};
 use mtrl_core::{AlgorithmConfig, Trajectory};
-use mtrl_model::{logprobs_and_grads, token_logprobs, Policy};
+use mtrl_model::Policy;
 use serde::{Deserialize, Serialize};
 
 use crate::adamw::AdamW;
-use crate::batch::{build_rows, micro_batches, Row};
-use crate::clip::{clip_global_norm, global_norm};
+use crate::batch::{build_rows, Row};
 use crate::error::{LearnerError, Result};
 use crate::schedule::LrSchedule;
+use crate::update::{proximal_logprobs, split_even, Totals};
+
+/// The denominator of the policy ratio.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RatioBase {
+    /// The rollout's behaviour log-probs.
+    Sampler,
+    /// The learner's log-probs recomputed at the start of the step.
+    Proximal,
+}
 
 /// What a step needs besides the model and optimizer.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,7 +54,11 @@ pub struct StepConfig {
     pub loss: PolicyLoss,
     pub advantage: Advantage,
     pub aggregation: Aggregation,
-    /// Cap C of the behaviour correction; `None` = no correction.
+    /// What the ratio is taken against.
+    pub ratio: RatioBase,
+    /// Optimizer updates per batch (contiguous slices of the rows).
+    pub mini_batches: usize,
+    /// Cap C of the sampler correction under [`RatioBase::Proximal`]; `None` = no correction.
     pub tis_cap: Option<f64>,
     pub kl_coef: f64,
     pub max_staleness: u64,
@@ -70,10 +87,11 @@ impl StepConfig {
                 dual_clip: a.dual_clip,
             },
             "cispo" => PolicyLoss::Cispo {
+                clip_low: a.clip_low,
                 clip_high: a.clip_high,
             },
             "is" => PolicyLoss::Is {
-                cap: if a.tis_cap > 0.0 { a.tis_cap } else { 2.0 },
+                cap: (a.tis_cap > 0.0).then_some(a.tis_cap),
             },
             other => return Err(LearnerError::Invalid(format!("unknown loss `{other}`"))),
         };
@@ -81,10 +99,17 @@ impl StepConfig {
             .ok_or_else(|| LearnerError::Invalid(format!("unknown advantage `{}`", a.advantage)))?;
         let aggregation = Aggregation::from_name(&a.loss_agg, max_len.max(1))
             .ok_or_else(|| LearnerError::Invalid(format!("unknown loss_agg `{}`", a.loss_agg)))?;
+        let ratio = match a.ratio.as_str() {
+            "sampler" => RatioBase::Sampler,
+            "proximal" => RatioBase::Proximal,
+            other => return Err(LearnerError::Invalid(format!("unknown ratio `{other}`"))),
+        };
         Ok(StepConfig {
             loss,
             advantage,
             aggregation,
+            ratio,
+            mini_batches: a.ppo_mini_batches.max(1),
             tis_cap: (a.tis_cap > 0.0).then_some(a.tis_cap),
             kl_coef: a.kl_coef,
             max_staleness: a.max_staleness,
@@ -102,11 +127,17 @@ pub struct StepMetrics {
     /// Version after the step.
     pub version: u64,
     pub loss: f64,
-    /// Fraction of trained tokens whose objective was clipped (PPO) or capped (CISPO, IS).
+    /// Fraction of trained tokens whose objective was clipped (PPO) or capped (CISPO, IS), over
+    /// every update of the step.
     pub clip_fraction: f64,
-    /// Mean behaviour-correction weight over trained tokens (1 when on-policy; 0 when off).
+    /// Mean sampler-correction weight over trained tokens (`ratio = "proximal"` with a cap;
+    /// 0 without the correction).
     pub behaviour_weight: f64,
-    /// Global gradient norm before clipping.
+    /// Mean over trained tokens of |π_θ/π_sampler − 1|, each taken at the forward that trains
+    /// it: how far the samples are from the policy being updated (0 on-policy with an exact
+    /// engine).
+    pub sampler_gap: f64,
+    /// Global gradient norm before clipping (mean over the step's updates).
     pub grad_norm: f64,
     pub lr: f64,
     /// Policy-sampled tokens trained on.
@@ -115,6 +146,8 @@ pub struct StepMetrics {
     pub padded_tokens: u64,
     pub sequences: u64,
     pub micro_batches: u64,
+    /// Optimizer updates applied (0 when skipped).
+    pub updates: u64,
     /// Mean k3 KL to the reference (0 without one).
     pub kl: f64,
     /// Mean negative log-prob of the trained tokens (an entropy estimate when on-policy).
@@ -128,58 +161,64 @@ pub struct StepMetrics {
     pub learn_s: f64,
 }
 
-/// Policy, optional frozen reference, optimizer and step configuration.
-pub struct Learner {
-    pub policy: Policy,
-    reference: Option<Policy>,
-    pub opt: AdamW,
-    pub cfg: StepConfig,
-    version: u64,
-}
-
-fn algo(e: mtrl_algo::AlgoError) -> candle_core::Error {
-    candle_core::Error::Msg(e.to_string())
-}
-
 /// A padded micro-batch (also used by [`crate::sft`]).
 pub(crate) struct Micro {
     pub(crate) ids: Tensor,
     pub(crate) attention: Tensor,
     pub(crate) mask: Tensor,
-    behaviour: Tensor,
-    adv: Tensor,
-    padded: usize,
+    pub(crate) behaviour: Tensor,
+    /// The proximal log-probs (zeros unless computed).
+    pub(crate) prox: Tensor,
+    /// Per-position advantages.
+    pub(crate) adv: Tensor,
+    pub(crate) padded: usize,
 }
 
 pub(crate) fn pad(rows: &[Row], dev: &Device) -> Result<Micro> {
     let t = rows.iter().map(|r| r.tokens.len()).max().unwrap_or(2);
     let b = rows.len();
     let (mut ids, mut att) = (vec![0u32; b * t], vec![0u32; b * t]);
-    let (mut mask, mut beh) = (vec![0f32; b * (t - 1)], vec![0f32; b * (t - 1)]);
+    let w = t - 1;
+    let (mut mask, mut beh) = (vec![0f32; b * w], vec![0f32; b * w]);
+    let (mut prox, mut adv) = (vec![0f32; b * w], vec![0f32; b * w]);
     for (i, r) in rows.iter().enumerate() {
         ids[i * t..i * t + r.tokens.len()].copy_from_slice(&r.tokens);
         att[i * t..i * t + r.tokens.len()].fill(1);
         let n = r.mask.len();
-        mask[i * (t - 1)..i * (t - 1) + n].copy_from_slice(&r.mask);
-        beh[i * (t - 1)..i * (t - 1) + n].copy_from_slice(&r.behaviour);
+        mask[i * w..i * w + n].copy_from_slice(&r.mask);
+        beh[i * w..i * w + n].copy_from_slice(&r.behaviour);
+        adv[i * w..i * w + n].copy_from_slice(&r.advantages);
+        if !r.prox.is_empty() {
+            prox[i * w..i * w + n].copy_from_slice(&r.prox);
+        }
     }
-    let adv: Vec<f32> = rows.iter().map(|r| r.advantage as f32).collect();
+    let tensor = |v: Vec<f32>| Tensor::from_vec(v, (b, w), dev);
     Ok(Micro {
         ids: Tensor::from_vec(ids, (b, t), dev)?,
         attention: Tensor::from_vec(att, (b, t), dev)?,
-        mask: Tensor::from_vec(mask, (b, t - 1), dev)?,
-        behaviour: Tensor::from_vec(beh, (b, t - 1), dev)?,
-        adv: Tensor::from_vec(adv, b, dev)?,
+        mask: tensor(mask)?,
+        behaviour: tensor(beh)?,
+        prox: tensor(prox)?,
+        adv: tensor(adv)?,
         padded: b * t,
     })
 }
 
-fn masked_sum(t: &Tensor, mask: &Tensor) -> Result<f64> {
+pub(crate) fn masked_sum(t: &Tensor, mask: &Tensor) -> Result<f64> {
     Ok(t.to_dtype(DType::F32)?
         .mul(mask)?
         .sum_all()?
         .to_dtype(DType::F64)?
         .to_scalar::<f64>()?)
+}
+
+/// Policy, optional frozen reference, optimizer and step configuration.
+pub struct Learner {
+    pub policy: Policy,
+    pub(crate) reference: Option<Policy>,
+    pub opt: AdamW,
+    pub cfg: StepConfig,
+    version: u64,
 }
 
 impl Learner {
@@ -204,12 +243,13 @@ impl Learner {
         self.version
     }
 
-    /// One update from `groups` (each the G trajectories of one task); the version becomes v + 1
-    /// even when the update is skipped, so that the rollout schedule advances.
+    /// One training step from `groups` (each the G trajectories of one task): `ppo_mini_batches`
+    /// updates; the version becomes v + 1 even when the update is skipped, so that the rollout
+    /// schedule advances.
     pub fn step(&mut self, groups: &[Vec<Trajectory>]) -> Result<StepMetrics> {
         let t0 = Instant::now();
         let cfg = self.cfg.clone();
-        let rows = build_rows(groups, cfg.advantage, self.version, cfg.max_staleness)?;
+        let mut rows = build_rows(groups, cfg.advantage, self.version, cfg.max_staleness)?;
         let mut m = StepMetrics {
             dropped_stale: rows.dropped_stale,
             empty: rows.empty,
@@ -217,12 +257,10 @@ impl Learner {
             sequences: rows.rows.len() as u64,
             ..StepMetrics::default()
         };
-        let tokens: f64 = rows
-            .rows
-            .iter()
-            .map(|r| r.mask.iter().sum::<f32>() as f64)
-            .sum();
+        let tokens: f64 = rows.rows.iter().map(Row::trained).sum();
         m.tokens = tokens as u64;
+        // The schedule counts training steps (1-based), not optimizer updates.
+        m.lr = cfg.schedule.lr_at(self.version + 1);
         self.version += 1;
         m.version = self.version;
         if tokens == 0.0 {
@@ -230,101 +268,29 @@ impl Learner {
             m.learn_s = t0.elapsed().as_secs_f64();
             return Ok(m);
         }
-        let global = GlobalCounts {
-            tokens,
-            sequences: rows.rows.len() as f64,
-        };
-        let dev = self.policy.device().clone();
-        let mut grads: BTreeMap<String, Tensor> = BTreeMap::new();
-        let (mut clipped, mut wsum, mut kl_sum, mut nll_sum) = (0.0, 0.0, 0.0, 0.0);
-        for range in micro_batches(&rows.rows, cfg.micro_batch_tokens) {
-            let mb = pad(&rows.rows[range], &dev)?;
-            m.micro_batches += 1;
-            m.padded_tokens += mb.padded as u64;
-            let reference = match &self.reference {
-                Some(r) if cfg.kl_coef > 0.0 => Some(
-                    token_logprobs(
-                        r,
-                        &mb.ids,
-                        Some(&mb.attention),
-                        cfg.temperature,
-                        false,
-                        1 << 25,
-                    )?
-                    .logprobs,
-                ),
-                _ => None,
-            };
-            let mut diag = (0.0, 0.0, 0.0);
-            let (loss, fwd, g) = logprobs_and_grads(
-                &self.policy,
-                &mb.ids,
-                Some(&mb.attention),
-                cfg.temperature,
-                |lp| {
-                    let old = lp.detach();
-                    let x = LossInputs {
-                        logp: lp,
-                        logp_old: &old,
-                        behaviour: cfg.tis_cap.map(|c| (&mb.behaviour, c)),
-                        advantages: &mb.adv,
-                        mask: &mb.mask,
-                    };
-                    let out = per_token_loss(cfg.loss, &x).map_err(algo)?;
-                    diag.0 = out.clipped_tokens;
-                    diag.1 = out.behaviour_weight_sum;
-                    let mut l = aggregate(&out.per_token, &mb.mask, cfg.aggregation, global)
-                        .map_err(algo)?;
-                    if let Some(r) = &reference {
-                        let kl = kl_k3(lp, r).map_err(algo)?;
-                        diag.2 = kl
-                            .mul(&mb.mask)?
-                            .sum_all()?
-                            .to_dtype(DType::F64)?
-                            .to_scalar::<f64>()?;
-                        let k = aggregate(&kl, &mb.mask, cfg.aggregation, global).map_err(algo)?;
-                        l = (l + (k * cfg.kl_coef)?)?;
-                    }
-                    Ok(l)
-                },
-            )?;
-            m.loss += loss as f64;
-            clipped += diag.0;
-            wsum += diag.1;
-            kl_sum += diag.2;
-            nll_sum -= masked_sum(&fwd.logprobs, &mb.mask)?;
-            for (name, var) in self.policy.named_parameters() {
-                if let Some(gr) = g.get(var.as_tensor()) {
-                    let gr = gr.to_dtype(DType::F32)?;
-                    let acc = match grads.remove(name) {
-                        Some(prev) => (prev + gr)?,
-                        None => gr,
-                    };
-                    grads.insert(name.clone(), acc);
-                }
-            }
+        if cfg.ratio == RatioBase::Proximal {
+            proximal_logprobs(&self.policy, &mut rows.rows, &cfg)?;
         }
-        m.clip_fraction = clipped / tokens;
-        m.behaviour_weight = if cfg.tis_cap.is_some() {
-            wsum / tokens
-        } else {
-            0.0
-        };
-        m.kl = kl_sum / tokens;
-        m.entropy = nll_sum / tokens;
-        let norm = if cfg.grad_clip > 0.0 {
-            clip_global_norm(&mut grads, cfg.grad_clip)?.0
-        } else {
-            global_norm(&grads)?
-        };
-        m.grad_norm = norm;
-        m.lr = cfg.schedule.lr_at(self.opt.step_count() + 1);
-        if norm.is_finite() && m.loss.is_finite() {
-            self.opt
-                .step(self.policy.named_parameters(), &grads, m.lr)?;
-        } else {
-            m.skipped = true;
+        let mut total = Totals::default();
+        let slices = split_even(rows.rows.len(), cfg.mini_batches);
+        for range in &slices {
+            let u = self.update(&rows.rows[range.clone()], &cfg, m.lr)?;
+            total.add(&u);
         }
+        m.loss = total.loss / slices.len() as f64;
+        m.micro_batches = total.micro_batches;
+        m.padded_tokens = total.padded_tokens;
+        m.updates = total.updates;
+        m.skipped = total.updates == 0;
+        m.clip_fraction = total.clipped / tokens;
+        m.behaviour_weight = match (cfg.ratio, cfg.tis_cap) {
+            (RatioBase::Proximal, Some(_)) => total.weight_sum / tokens,
+            _ => 0.0,
+        };
+        m.sampler_gap = total.gap_sum / tokens;
+        m.kl = total.kl_sum / tokens;
+        m.entropy = total.nll_sum / tokens;
+        m.grad_norm = total.norm_sum / slices.len() as f64;
         m.learn_s = t0.elapsed().as_secs_f64();
         Ok(m)
     }

@@ -117,7 +117,8 @@ fn micro_batching_does_not_change_the_update() {
     // float noise differ by a summation-order rounding; 1e-4 = lr / 10 (measured: 2e-5).
     assert!(diff < 1e-4, "max weight difference {diff}");
     assert_eq!(whole.version(), 5);
-    assert!(mw.behaviour_weight > 0.0 && mw.behaviour_weight <= 2.0);
+    assert!(mw.sampler_gap > 0.0 && mw.clip_fraction > 0.0);
+    assert_eq!((mw.updates, mw.behaviour_weight), (1, 0.0));
 }
 
 #[test]

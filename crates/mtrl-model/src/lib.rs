@@ -51,7 +51,7 @@ pub use engine::{
 };
 pub use error::{ModelError, Result};
 pub use kv_cache::KvCache;
-pub use logprobs::{logprobs_and_grads, token_logprobs, TokenLogprobs};
+pub use logprobs::{logprobs_and_grads, token_logprobs, TokenLogprobs, DEFAULT_CHUNK_ELEMS};
 pub use policy::{left_padding_positions, Policy};
 pub use sampler::{Sampled, SamplingParams};
 pub use tokenizer::Tokenizer;

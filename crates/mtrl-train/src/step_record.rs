@@ -85,6 +85,8 @@ pub fn step_record(
         loss: m.loss,
         clip_fraction: m.clip_fraction,
         behaviour_weight: m.behaviour_weight,
+        sampler_gap: m.sampler_gap,
+        updates: m.updates,
         entropy: m.entropy,
         kl: m.kl,
         grad_norm: m.grad_norm,

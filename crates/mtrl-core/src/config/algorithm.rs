@@ -4,16 +4,23 @@
 //! [algorithm]
 //! loss = "ppo"              # "ppo" | "cispo" | "is"
 //! advantage = "grpo"        # "grpo" | "grpo_pass_at_k" | "rloo" | "dr_grpo"
-//! clip_low = 0.2
+//! ratio = "sampler"         # what π_θ is divided by: "sampler" (the rollout's log-probs, the
+//!                           # managed service's definition) | "proximal" (recomputed by the
+//!                           # learner before `ppo_mini_batches` updates: decoupled PPO)
+//! ppo_mini_batches = 1      # optimizer updates per batch (≥ 2 with ratio = "proximal")
+//! clip_low = 0.2            # ratio bounds [1 − clip_low, 1 + clip_high] (PPO, CISPO)
 //! clip_high = 0.28
 //! dual_clip = 3.0           # optional (PPO, A < 0)
-//! tis_cap = 2.0             # cap C of the behaviour (TIS / decoupled PPO) correction; 0 = off
+//! tis_cap = 2.0             # cap C of the IS weight: the sampler correction of ratio =
+//!                           # "proximal", and the truncation of loss = "is"; 0 = off
 //! max_staleness = 2         # η: 0 = synchronous on-policy
 //! kl_coef = 0.0             # k3 KL to the frozen initial policy; 0 = no reference model
 //! loss_agg = "token-mean"   # | "seq-mean-token-mean" | "seq-mean-token-sum" | "seq-mean-token-sum-norm"
 //! ```
 //!
-//! Names are checked here; `mtrl-learner` maps them onto `mtrl-algo`'s types.
+//! Names are checked here; `mtrl-learner` maps them onto `mtrl-algo`'s types. A key set
+//! explicitly that cannot act under the chosen loss and ratio (say `dual_clip` with CISPO, or
+//! `clip_low` with `is`) is an error naming it rather than a silent no-op.
 
 use serde::Deserialize;
 
@@ -32,10 +39,21 @@ pub struct AlgorithmSpec {
     pub max_staleness: Option<u64>,
     pub kl_coef: Option<f64>,
     pub loss_agg: Option<String>,
+    pub ratio: Option<String>,
+    pub ppo_mini_batches: Option<usize>,
+    pub pass_k: Option<usize>,
+    pub success_threshold: Option<f64>,
+    pub pass_at_k_reward: Option<String>,
+    pub grpo_std: Option<String>,
 }
 
 pub const LOSSES: &[&str] = &["ppo", "cispo", "is"];
 pub const ADVANTAGES: &[&str] = &["grpo", "grpo_pass_at_k", "rloo", "dr_grpo"];
+/// The estimators that divide by a group's std (where `grpo_std` acts).
+pub const STD_ADVANTAGES: &[&str] = &["grpo"];
+pub const RATIOS: &[&str] = &["sampler", "proximal"];
+pub const PASS_AT_K_REWARDS: &[&str] = &["binary", "continuous"];
+pub const GRPO_STDS: &[&str] = &["population", "unbiased"];
 pub const LOSS_AGGS: &[&str] = &[
     "token-mean",
     "seq-mean-token-mean",
@@ -55,6 +73,17 @@ pub struct AlgorithmConfig {
     pub max_staleness: u64,
     pub kl_coef: f64,
     pub loss_agg: String,
+    /// `"sampler"` or `"proximal"`.
+    pub ratio: String,
+    pub ppo_mini_batches: usize,
+    /// k of `grpo_pass_at_k`.
+    pub pass_k: usize,
+    /// Success = reward > this, for the binary `grpo_pass_at_k`.
+    pub success_threshold: f64,
+    /// `"binary"` or `"continuous"` (`grpo_pass_at_k`).
+    pub pass_at_k_reward: String,
+    /// GRPO's std: `"population"` (n) or `"unbiased"` (n − 1, torch.std and verl).
+    pub grpo_std: String,
 }
 
 impl Default for AlgorithmConfig {
@@ -69,6 +98,12 @@ impl Default for AlgorithmConfig {
             max_staleness: 2,
             kl_coef: 0.0,
             loss_agg: "token-mean".into(),
+            ratio: "sampler".into(),
+            ppo_mini_batches: 1,
+            pass_k: 2,
+            success_threshold: 0.5,
+            pass_at_k_reward: "binary".into(),
+            grpo_std: "population".into(),
         }
     }
 }
@@ -92,8 +127,8 @@ impl AlgorithmSpec {
             Ok(v)
         };
         let clip_low = nonneg("algorithm.clip_low", self.clip_low, d.clip_low)?;
-        if clip_low >= 1.0 {
-            return Err(ctx.invalid("algorithm.clip_low", format!("{clip_low} must be < 1")));
+        if clip_low > 1.0 {
+            return Err(ctx.invalid("algorithm.clip_low", format!("{clip_low} must be <= 1")));
         }
         if let Some(c) = self.dual_clip {
             if !(c.is_finite() && c > 1.0) {
@@ -104,15 +139,112 @@ impl AlgorithmSpec {
         if tis_cap > 0.0 && tis_cap < 1.0 {
             return Err(ctx.invalid("algorithm.tis_cap", format!("{tis_cap} must be 0 or >= 1")));
         }
+        let loss = pick(ctx, "algorithm.loss", self.loss, &d.loss, LOSSES)?;
+        let ratio = pick(ctx, "algorithm.ratio", self.ratio, &d.ratio, RATIOS)?;
+        let ppo_mini_batches = ctx.range(
+            "algorithm.ppo_mini_batches",
+            self.ppo_mini_batches.unwrap_or(d.ppo_mini_batches),
+            1,
+            1 << 16,
+        )?;
+        if ratio == "proximal" && ppo_mini_batches < 2 {
+            return Err(ctx.invalid(
+                "algorithm.ratio",
+                "\"proximal\" needs algorithm.ppo_mini_batches >= 2: with one update per batch the \
+                 proximal policy is the current one, the ratio is 1 and no clip acts",
+            ));
+        }
+        let advantage = pick(
+            ctx,
+            "algorithm.advantage",
+            self.advantage,
+            &d.advantage,
+            ADVANTAGES,
+        )?;
+        let pass_at_k_reward = pick(
+            ctx,
+            "algorithm.pass_at_k_reward",
+            self.pass_at_k_reward.clone(),
+            &d.pass_at_k_reward,
+            PASS_AT_K_REWARDS,
+        )?;
+        let grpo_std = pick(
+            ctx,
+            "algorithm.grpo_std",
+            self.grpo_std.clone(),
+            &d.grpo_std,
+            GRPO_STDS,
+        )?;
+        let pass_k = ctx.range(
+            "algorithm.pass_k",
+            self.pass_k.unwrap_or(d.pass_k),
+            1,
+            1 << 16,
+        )?;
+        let success_threshold = self.success_threshold.unwrap_or(d.success_threshold);
+        if !success_threshold.is_finite() {
+            return Err(ctx.invalid(
+                "algorithm.success_threshold",
+                format!("{success_threshold} is not a number"),
+            ));
+        }
+        let passk = advantage == "grpo_pass_at_k";
+        let uses_std = STD_ADVANTAGES.contains(&advantage.as_str());
+        // Keys set explicitly that would change nothing.
+        let inert = [
+            (
+                "algorithm.pass_k",
+                self.pass_k.is_some() && !passk,
+                "acts only with advantage = \"grpo_pass_at_k\"",
+            ),
+            (
+                "algorithm.pass_at_k_reward",
+                self.pass_at_k_reward.is_some() && !passk,
+                "acts only with advantage = \"grpo_pass_at_k\"",
+            ),
+            (
+                "algorithm.success_threshold",
+                self.success_threshold.is_some() && !(passk && pass_at_k_reward == "binary"),
+                "acts only with advantage = \"grpo_pass_at_k\" and pass_at_k_reward = \"binary\"",
+            ),
+            (
+                "algorithm.grpo_std",
+                self.grpo_std.is_some() && !uses_std,
+                "acts only with an estimator that divides by the group's std",
+            ),
+            (
+                "algorithm.tis_cap",
+                self.tis_cap.is_some() && ratio == "sampler" && loss != "is",
+                "acts only with ratio = \"proximal\" or loss = \"is\"",
+            ),
+            (
+                "algorithm.dual_clip",
+                self.dual_clip.is_some() && loss != "ppo",
+                "acts only with loss = \"ppo\"",
+            ),
+            (
+                "algorithm.clip_low",
+                self.clip_low.is_some() && loss == "is",
+                "does not act with loss = \"is\" (its cap is algorithm.tis_cap)",
+            ),
+            (
+                "algorithm.clip_high",
+                self.clip_high.is_some() && loss == "is",
+                "does not act with loss = \"is\" (its cap is algorithm.tis_cap)",
+            ),
+        ];
+        if let Some((key, _, why)) = inert.iter().find(|(_, bad, _)| *bad) {
+            return Err(ctx.invalid(key, *why));
+        }
         Ok(AlgorithmConfig {
-            loss: pick(ctx, "algorithm.loss", self.loss, &d.loss, LOSSES)?,
-            advantage: pick(
-                ctx,
-                "algorithm.advantage",
-                self.advantage,
-                &d.advantage,
-                ADVANTAGES,
-            )?,
+            loss,
+            ratio,
+            ppo_mini_batches,
+            pass_k,
+            success_threshold,
+            pass_at_k_reward,
+            grpo_std,
+            advantage,
             clip_low,
             clip_high: nonneg("algorithm.clip_high", self.clip_high, d.clip_high)?,
             dual_clip: self.dual_clip,

@@ -7,6 +7,7 @@ mod algorithm;
 mod checkpoint;
 mod data;
 mod env;
+mod hyperparameters;
 mod logging;
 mod model;
 mod rollout;
@@ -18,10 +19,14 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-pub use algorithm::{AlgorithmConfig, AlgorithmSpec, ADVANTAGES, LOSSES, LOSS_AGGS};
+pub use algorithm::{
+    AlgorithmConfig, AlgorithmSpec, ADVANTAGES, GRPO_STDS, LOSSES, LOSS_AGGS, PASS_AT_K_REWARDS,
+    RATIOS,
+};
 pub use checkpoint::{CheckpointConfig, CheckpointSpec};
 pub use data::{DataConfig, DataSpec, DatasetConfig, OneOrMany};
 pub use env::{EnvConfig, EnvSpec, HitFormat, RewardChoice, RewardKind, RewardSpec};
+pub use hyperparameters::HyperparametersSpec;
 pub use logging::{LoggingConfig, LoggingSpec};
 pub use model::{ModelConfig, ModelSource, ModelSpec, RANDOM_PRESETS};
 pub use rollout::{EnvironmentKind, RolloutConfig, RolloutSpec};
@@ -30,7 +35,7 @@ pub use search::{
     VectorConfig,
 };
 pub use sft::{SftSettings, SftSpec, WarmStartConfig, WarmStartSpec};
-pub use train::{LrScheduleKind, TrainConfig, TrainSpec};
+pub use train::{LrScheduleKind, TrainConfig, TrainSpec, VAL_METRICS};
 
 use crate::error::{CoreError, Result};
 
@@ -51,6 +56,8 @@ pub struct ConfigSpec {
     pub logging: Option<LoggingSpec>,
     pub sft: Option<SftSpec>,
     pub warm_start: Option<WarmStartSpec>,
+    /// The managed service's flat names, mapped onto the sections above.
+    pub hyperparameters: Option<HyperparametersSpec>,
 }
 
 /// A validated configuration.
@@ -134,7 +141,18 @@ impl Config {
 
 impl ConfigSpec {
     /// Applies defaults and checks ranges; `path` is the file the spec was read from.
-    pub fn validate(self, path: &Path) -> Result<Config> {
+    pub fn validate(mut self, path: &Path) -> Result<Config> {
+        let ctx = Ctx { path };
+        let mapped = match self.hyperparameters.take() {
+            Some(h) => h.apply(&ctx, &mut self)?,
+            None => Vec::new(),
+        };
+        self.validate_sections(&ctx)
+            .map_err(|e| hyperparameters::blame(e, &mapped))
+    }
+
+    fn validate_sections(self, ctx: &Ctx<'_>) -> Result<Config> {
+        let path = ctx.path;
         let ctx = Ctx { path };
         let name = self.name.unwrap_or_else(|| {
             path.file_stem()

@@ -12,6 +12,9 @@
 //!                                # (default: rollout_max_concurrency × env.max_context_tokens)
 //! prefill_chunk_tokens = 512     # prompt tokens prefilled per engine step, across sequences
 //! environment = "search"         # or "pick": one-token toy task for CI (see mtrl-rollout)
+//! timeout_s = 600.0              # an episode running longer fails (and is retried); 0 = none
+//! max_retries = 2                # attempts after the first for an episode that errored
+//! max_failed_fraction = 0.1      # the run stops when more episodes than this have errored
 //! ```
 
 use serde::Deserialize;
@@ -31,6 +34,9 @@ pub struct RolloutSpec {
     pub kv_cache_tokens: Option<usize>,
     pub prefill_chunk_tokens: Option<usize>,
     pub environment: Option<String>,
+    pub timeout_s: Option<f64>,
+    pub max_retries: Option<usize>,
+    pub max_failed_fraction: Option<f64>,
 }
 
 /// Which environment episodes run in.
@@ -63,6 +69,11 @@ pub struct RolloutConfig {
     pub kv_cache_tokens: Option<usize>,
     pub prefill_chunk_tokens: usize,
     pub environment: EnvironmentKind,
+    /// Wall-clock limit of one episode attempt; `None` = no limit.
+    pub timeout_s: Option<f64>,
+    pub max_retries: usize,
+    /// Errored episodes (after retries) over all episodes above which the run stops.
+    pub max_failed_fraction: f64,
 }
 
 impl Default for RolloutConfig {
@@ -77,6 +88,9 @@ impl Default for RolloutConfig {
             kv_cache_tokens: None,
             prefill_chunk_tokens: 512,
             environment: EnvironmentKind::Search,
+            timeout_s: Some(600.0),
+            max_retries: 2,
+            max_failed_fraction: 0.1,
         }
     }
 }
@@ -109,7 +123,28 @@ impl RolloutSpec {
                 ))
             }
         };
+        let timeout_s = match self.timeout_s {
+            None => d.timeout_s,
+            Some(t) if t == 0.0 => None,
+            Some(t) if t.is_finite() && t > 0.0 => Some(t),
+            Some(t) => return Err(ctx.invalid("rollout.timeout_s", format!("{t} is not >= 0"))),
+        };
+        let max_failed_fraction = self.max_failed_fraction.unwrap_or(d.max_failed_fraction);
+        if !(0.0..=1.0).contains(&max_failed_fraction) {
+            return Err(ctx.invalid(
+                "rollout.max_failed_fraction",
+                format!("{max_failed_fraction} is outside [0, 1]"),
+            ));
+        }
         Ok(RolloutConfig {
+            timeout_s,
+            max_retries: ctx.range(
+                "rollout.max_retries",
+                self.max_retries.unwrap_or(d.max_retries),
+                0,
+                1000,
+            )?,
+            max_failed_fraction,
             rollout_max_concurrency: conc,
             group_size: ctx.range(
                 "rollout.group_size",

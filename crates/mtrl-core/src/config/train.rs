@@ -13,6 +13,9 @@
 //! grad_clip = 1.0             # 0 = off
 //! seed = 0
 //! micro_batch_tokens = 8192   # padded tokens per forward/backward
+//! val_every = 0               # validation (greedy, temperature 0) every N steps; 0 = off
+//! val_tasks = 0               # validation tasks per pass (the first N); 0 = all
+//! val_metric = "val_ndcg@10"  # what "best" means: val_ndcg@10 | val_reward | val_fail_rate
 //! ```
 
 use serde::Deserialize;
@@ -34,7 +37,13 @@ pub struct TrainSpec {
     pub grad_clip: Option<f64>,
     pub seed: Option<u64>,
     pub micro_batch_tokens: Option<usize>,
+    pub val_every: Option<u64>,
+    pub val_tasks: Option<usize>,
+    pub val_metric: Option<String>,
 }
+
+/// Validation metrics a best checkpoint can be chosen by (`val_fail_rate`: lower is better).
+pub const VAL_METRICS: &[&str] = &["val_ndcg@10", "val_reward", "val_fail_rate"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LrScheduleKind {
@@ -56,6 +65,11 @@ pub struct TrainConfig {
     pub grad_clip: f64,
     pub seed: u64,
     pub micro_batch_tokens: usize,
+    /// 0 = no validation during training.
+    pub val_every: u64,
+    /// 0 = every validation task.
+    pub val_tasks: usize,
+    pub val_metric: String,
 }
 
 impl Default for TrainConfig {
@@ -72,6 +86,9 @@ impl Default for TrainConfig {
             grad_clip: 1.0,
             seed: 0,
             micro_batch_tokens: 8192,
+            val_every: 0,
+            val_tasks: 0,
+            val_metric: "val_ndcg@10".into(),
         }
     }
 }
@@ -97,7 +114,27 @@ impl TrainSpec {
                 ))
             }
         };
+        let val_every = self.val_every.unwrap_or(0);
+        let metric_set = self.val_metric.is_some();
+        let val_metric = self.val_metric.unwrap_or_else(|| d.val_metric.clone());
+        if !VAL_METRICS.contains(&val_metric.as_str()) {
+            return Err(ctx.invalid(
+                "train.val_metric",
+                format!("`{val_metric}` is not one of {}", VAL_METRICS.join(", ")),
+            ));
+        }
+        for (key, set) in [
+            ("train.val_tasks", self.val_tasks.is_some()),
+            ("train.val_metric", metric_set),
+        ] {
+            if set && val_every == 0 {
+                return Err(ctx.invalid(key, "acts only with train.val_every > 0"));
+            }
+        }
         Ok(TrainConfig {
+            val_every,
+            val_tasks: self.val_tasks.unwrap_or(0),
+            val_metric,
             max_epochs: ctx.range("train.max_epochs", self.max_epochs.unwrap_or(1), 1, 1 << 20)?,
             global_batch_size: ctx.range(
                 "train.global_batch_size",

@@ -187,6 +187,7 @@ fn step_series(r: &StepRecord) {
     metrics::gauge!("mtrl_train_loss").set(r.loss);
     metrics::gauge!("mtrl_train_clip_fraction").set(r.clip_fraction);
     metrics::gauge!("mtrl_train_behaviour_weight").set(r.behaviour_weight);
+    metrics::gauge!("mtrl_train_sampler_gap").set(r.sampler_gap);
     metrics::gauge!("mtrl_train_entropy").set(r.entropy);
     metrics::gauge!("mtrl_train_kl").set(r.kl);
     metrics::gauge!("mtrl_train_grad_norm").set(r.grad_norm);

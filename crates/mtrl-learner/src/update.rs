@@ -1,0 +1,195 @@
+//! One optimizer update over a slice of a step's rows, and the proximal log-probs of decoupled
+//! PPO.
+//!
+//! An update runs the slice in micro-batches of at most `micro_batch_tokens` padded ids, each
+//! normalised by the slice's [`GlobalCounts`] so that the summed gradient is the slice's whatever
+//! the split; then global-norm clipping and one AdamW step. The ratio's denominator is the
+//! sampler's log-probs or the proximal ones ([`RatioBase`]); under `Proximal` the sampler enters
+//! as the truncated-IS weight.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use candle_core::{DType, Tensor};
+use mtrl_algo::{aggregate, kl_k3, per_token_loss, GlobalCounts, LossInputs};
+use mtrl_model::{logprobs_and_grads, token_logprobs, Policy, DEFAULT_CHUNK_ELEMS};
+
+use crate::batch::{micro_batches, Row};
+use crate::clip::{clip_global_norm, global_norm};
+use crate::error::Result;
+use crate::step::{masked_sum, pad, Learner, RatioBase, StepConfig};
+
+/// Sums over the updates of a step.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Totals {
+    pub loss: f64,
+    pub clipped: f64,
+    pub weight_sum: f64,
+    pub gap_sum: f64,
+    pub kl_sum: f64,
+    pub nll_sum: f64,
+    pub norm_sum: f64,
+    pub micro_batches: u64,
+    pub padded_tokens: u64,
+    pub updates: u64,
+}
+
+impl Totals {
+    pub(crate) fn add(&mut self, o: &Totals) {
+        self.loss += o.loss;
+        self.clipped += o.clipped;
+        self.weight_sum += o.weight_sum;
+        self.gap_sum += o.gap_sum;
+        self.kl_sum += o.kl_sum;
+        self.nll_sum += o.nll_sum;
+        self.norm_sum += o.norm_sum;
+        self.micro_batches += o.micro_batches;
+        self.padded_tokens += o.padded_tokens;
+        self.updates += o.updates;
+    }
+}
+
+/// `n` rows cut into `parts` contiguous slices whose sizes differ by at most one (fewer slices
+/// when there are fewer rows).
+pub(crate) fn split_even(n: usize, parts: usize) -> Vec<Range<usize>> {
+    let parts = parts.clamp(1, n.max(1));
+    let (base, extra) = (n / parts, n % parts);
+    let mut out = Vec::with_capacity(parts);
+    let mut start = 0;
+    for i in 0..parts {
+        let len = base + usize::from(i < extra);
+        out.push(start..start + len);
+        start += len;
+    }
+    out
+}
+
+/// Fills every row's `prox` with the current policy's log-probs (no graph), at the row's
+/// log-prob positions: the proximal policy of decoupled PPO, fixed for the whole step.
+pub(crate) fn proximal_logprobs(policy: &Policy, rows: &mut [Row], cfg: &StepConfig) -> Result<()> {
+    let dev = policy.device().clone();
+    for range in micro_batches(rows, cfg.micro_batch_tokens) {
+        let mb = pad(&rows[range.clone()], &dev)?;
+        let lp = token_logprobs(
+            policy,
+            &mb.ids,
+            Some(&mb.attention),
+            cfg.temperature,
+            false,
+            DEFAULT_CHUNK_ELEMS,
+        )?
+        .logprobs
+        .to_dtype(DType::F32)?
+        .to_vec2::<f32>()?;
+        for (row, lp) in rows[range].iter_mut().zip(lp) {
+            row.prox = lp[..row.mask.len()].to_vec();
+        }
+    }
+    Ok(())
+}
+
+fn algo(e: mtrl_algo::AlgoError) -> candle_core::Error {
+    candle_core::Error::Msg(e.to_string())
+}
+
+impl Learner {
+    /// One AdamW update from `rows` at learning rate `lr`.
+    pub(crate) fn update(&mut self, rows: &[Row], cfg: &StepConfig, lr: f64) -> Result<Totals> {
+        let mut out = Totals::default();
+        let global = GlobalCounts {
+            tokens: rows.iter().map(Row::trained).sum(),
+            sequences: rows.len() as f64,
+        };
+        let dev = self.policy.device().clone();
+        let mut grads: BTreeMap<String, Tensor> = BTreeMap::new();
+        for range in micro_batches(rows, cfg.micro_batch_tokens) {
+            let mb = pad(&rows[range], &dev)?;
+            out.micro_batches += 1;
+            out.padded_tokens += mb.padded as u64;
+            let reference = match &self.reference {
+                Some(r) if cfg.kl_coef > 0.0 => Some(
+                    token_logprobs(
+                        r,
+                        &mb.ids,
+                        Some(&mb.attention),
+                        cfg.temperature,
+                        false,
+                        DEFAULT_CHUNK_ELEMS,
+                    )?
+                    .logprobs,
+                ),
+                _ => None,
+            };
+            let (old, correction) = match cfg.ratio {
+                RatioBase::Sampler => (&mb.behaviour, None),
+                RatioBase::Proximal => (&mb.prox, cfg.tis_cap.map(|c| (&mb.behaviour, c))),
+            };
+            let mut diag = (0.0, 0.0, 0.0);
+            let (loss, fwd, g) = logprobs_and_grads(
+                &self.policy,
+                &mb.ids,
+                Some(&mb.attention),
+                cfg.temperature,
+                |lp| {
+                    let x = LossInputs {
+                        logp: lp,
+                        logp_old: old,
+                        behaviour: correction,
+                        advantages: &mb.adv,
+                        mask: &mb.mask,
+                    };
+                    let o = per_token_loss(cfg.loss, &x).map_err(algo)?;
+                    diag.0 = o.clipped_tokens;
+                    diag.1 = o.behaviour_weight_sum;
+                    let mut l =
+                        aggregate(&o.per_token, &mb.mask, cfg.aggregation, global).map_err(algo)?;
+                    if let Some(r) = &reference {
+                        let kl = kl_k3(lp, r).map_err(algo)?;
+                        diag.2 = kl
+                            .mul(&mb.mask)?
+                            .sum_all()?
+                            .to_dtype(DType::F64)?
+                            .to_scalar::<f64>()?;
+                        let k = aggregate(&kl, &mb.mask, cfg.aggregation, global).map_err(algo)?;
+                        l = (l + (k * cfg.kl_coef)?)?;
+                    }
+                    Ok(l)
+                },
+            )?;
+            out.loss += loss as f64;
+            out.clipped += diag.0;
+            out.weight_sum += diag.1;
+            out.kl_sum += diag.2;
+            out.nll_sum -= masked_sum(&fwd.logprobs, &mb.mask)?;
+            let gap = fwd
+                .logprobs
+                .to_dtype(DType::F32)?
+                .sub(&mb.behaviour)?
+                .exp()?
+                .affine(1.0, -1.0)?
+                .abs()?;
+            out.gap_sum += masked_sum(&gap, &mb.mask)?;
+            for (name, var) in self.policy.named_parameters() {
+                if let Some(gr) = g.get(var.as_tensor()) {
+                    let gr = gr.to_dtype(DType::F32)?;
+                    let acc = match grads.remove(name) {
+                        Some(prev) => (prev + gr)?,
+                        None => gr,
+                    };
+                    grads.insert(name.clone(), acc);
+                }
+            }
+        }
+        let norm = if cfg.grad_clip > 0.0 {
+            clip_global_norm(&mut grads, cfg.grad_clip)?.0
+        } else {
+            global_norm(&grads)?
+        };
+        out.norm_sum = norm;
+        if norm.is_finite() && out.loss.is_finite() {
+            self.opt.step(self.policy.named_parameters(), &grads, lr)?;
+            out.updates = 1;
+        }
+        Ok(out)
+    }
+}
