@@ -121,6 +121,10 @@ pub struct Trajectory {
     pub prompt_len: usize,
     /// Final reward (the failure reward when `failure` is set).
     pub reward: f64,
+    /// A reward per model call (turn), when the environment or an external agent gives them;
+    /// empty = the whole `reward` at the last turn. When set, its sum is `reward`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub turn_rewards: Vec<f64>,
     /// Named reward components (e.g. `ndcg@10`) of the submitted answer, when there was one.
     pub scores: Vec<(String, f64)>,
     pub failure: Option<FailureReason>,
@@ -148,6 +152,7 @@ impl Trajectory {
             versions: Vec::new(),
             prompt_len: 0,
             reward: 0.0,
+            turn_rewards: Vec::new(),
             scores: Vec::new(),
             failure: None,
             turns: 0,
@@ -176,6 +181,23 @@ impl Trajectory {
         self.logprobs.extend_from_slice(logprobs);
         self.versions.extend_from_slice(versions);
         true
+    }
+
+    /// Lengths of the runs of sampled tokens: one per model call (turn) that produced tokens.
+    pub fn sampled_runs(&self) -> Vec<usize> {
+        let mut runs = Vec::new();
+        let mut prev = 0u8;
+        for &m in &self.loss_mask {
+            if m == 1 {
+                if prev == 1 {
+                    *runs.last_mut().expect("a run is open") += 1;
+                } else {
+                    runs.push(1);
+                }
+            }
+            prev = m;
+        }
+        runs
     }
 
     /// Number of policy-sampled tokens.

@@ -1,13 +1,16 @@
 //! From groups of trajectories to padded training rows.
 //!
-//! Per group: advantages from the rewards; per trajectory: a row of its tokens with the loss mask
+//! Advantages over the whole batch (`mtrl_algo::batch_advantages`): each trajectory is a sample
+//! whose turns are its runs of sampled tokens (one per model call), with the trajectory's
+//! `turn_rewards` or, without them, its whole reward on the last turn; every token gets the
+//! advantage of its turn. Per trajectory: a row of its tokens with the loss mask
 //! shifted to log-prob positions (`logp[t]` scores token t + 1, so `mask[t] = loss_mask[t + 1]` and
 //! `behaviour[t] = logprobs[t + 1]`). A trajectory whose oldest sampled token is more than η
 //! versions behind the learner is dropped and counted; so is one without sampled tokens.
 //! Rows are packed into micro-batches of at most `micro_batch_tokens` padded tokens (a row longer
 //! than the budget gets a micro-batch of its own), in order, so the split is deterministic.
 
-use mtrl_algo::{advantages, Advantage};
+use mtrl_algo::{batch_advantages, Advantage, Sample};
 use mtrl_core::Trajectory;
 
 use crate::error::Result;
@@ -53,9 +56,12 @@ pub fn build_rows(
     max_staleness: u64,
 ) -> Result<Rows> {
     let mut out = Rows::default();
-    for group in groups {
-        let rewards: Vec<f64> = group.iter().map(|t| t.reward).collect();
-        let adv = advantages(estimator, &rewards)?;
+    let samples = groups
+        .iter()
+        .map(|g| g.iter().map(sample).collect::<Result<Vec<_>>>())
+        .collect::<Result<Vec<_>>>()?;
+    let adv = batch_advantages(estimator, &samples)?;
+    for (group, adv) in groups.iter().zip(adv) {
         for (t, a) in group.iter().zip(adv) {
             let oldest = t
                 .versions
@@ -92,7 +98,18 @@ pub fn build_rows(
                     }
                 })
                 .collect();
-            let advantages = mask.iter().map(|&m| m * a as f32).collect();
+            // Token i (row position i − 1) belongs to the turn counted so far.
+            let mut advantages = vec![0f32; n - 1];
+            // A run made of token 0 alone has no row position but is a turn.
+            let mut turn = usize::from(t.loss_mask[0] == 1 && t.loss_mask[1] == 0);
+            for i in 1..n {
+                if t.loss_mask[i] == 1 {
+                    advantages[i - 1] = a[turn] as f32;
+                    if i + 1 == n || t.loss_mask[i + 1] == 0 {
+                        turn += 1;
+                    }
+                }
+            }
             out.rows.push(Row {
                 tokens: t.tokens.clone(),
                 mask,
@@ -103,6 +120,31 @@ pub fn build_rows(
         }
     }
     Ok(out)
+}
+
+/// A trajectory as the estimators see it.
+fn sample(t: &Trajectory) -> Result<Sample> {
+    let turn_tokens = t.sampled_runs();
+    let turn_rewards = if t.turn_rewards.is_empty() {
+        let mut r = vec![0.0; turn_tokens.len()];
+        if let Some(last) = r.last_mut() {
+            *last = t.reward;
+        }
+        r
+    } else if t.turn_rewards.len() == turn_tokens.len() {
+        t.turn_rewards.clone()
+    } else {
+        return Err(crate::error::LearnerError::Invalid(format!(
+            "trajectory `{}` has {} turn rewards for {} sampled turns",
+            t.task_id,
+            t.turn_rewards.len(),
+            turn_tokens.len()
+        )));
+    };
+    Ok(Sample {
+        turn_rewards,
+        turn_tokens,
+    })
 }
 
 /// Splits row indices into micro-batches of at most `budget` padded tokens.
@@ -158,8 +200,34 @@ mod tests {
         let row = &r.rows[0];
         assert_eq!(row.mask, vec![0.0, 1.0, 1.0]);
         assert_eq!(row.behaviour, vec![0.0, -0.5, -0.5]);
-        let a = (1.0 - 1.0 / 3.0) as f32;
-        assert_eq!(row.advantages, vec![0.0, a, a]);
+        // The trajectory without a sampled token takes no part in the group's statistics
+        // (nothing it did can be trained on): dr_grpo over [1, 0] gives 1 − 0.5.
+        assert_eq!(row.advantages, vec![0.0, 0.5, 0.5]);
+    }
+
+    #[test]
+    fn every_configurable_estimator_name_is_one_the_algo_crate_knows() {
+        assert_eq!(mtrl_core::config::ADVANTAGES, Advantage::NAMES);
+    }
+
+    #[test]
+    fn tokens_get_the_advantage_of_their_turn() {
+        // Two model calls: ids 2–3 (turn 0) and id 5 (turn 1), tool output id 4 between.
+        let mut t = traj(&[1, 2, 3, 4, 5], &[0, 1, 1, 0, 1], 5, 1.0);
+        t.turn_rewards = vec![0.25, 0.75];
+        let r = build_rows(&[vec![t.clone()]], Advantage::MonteCarlo, 5, 1).unwrap();
+        // Returns: turn 0 = 0.25 + 0.75 = 1, turn 1 = 0.75.
+        assert_eq!(r.rows[0].advantages, vec![1.0, 1.0, 0.0, 0.75]);
+        // Without turn rewards the reward sits on the last turn: both returns are 1.
+        t.turn_rewards.clear();
+        let r = build_rows(&[vec![t.clone()]], Advantage::MonteCarlo, 5, 1).unwrap();
+        assert_eq!(r.rows[0].advantages, vec![1.0, 1.0, 0.0, 1.0]);
+        t.turn_rewards = vec![1.0];
+        let e = build_rows(&[vec![t]], Advantage::MonteCarlo, 5, 1).unwrap_err();
+        assert!(
+            e.to_string().contains("1 turn rewards for 2 sampled turns"),
+            "{e}"
+        );
     }
 
     #[test]

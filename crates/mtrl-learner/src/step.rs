@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
-use mtrl_algo::{Advantage, Aggregation, PolicyLoss};
+use mtrl_algo::{Advantage, AdvantageOptions, Aggregation, PolicyLoss, Std};
 use mtrl_core::{AlgorithmConfig, Trajectory};
 use mtrl_model::Policy;
 use serde::{Deserialize, Serialize};
@@ -95,8 +95,19 @@ impl StepConfig {
             },
             other => return Err(LearnerError::Invalid(format!("unknown loss `{other}`"))),
         };
-        let advantage = Advantage::from_name(&a.advantage)
-            .ok_or_else(|| LearnerError::Invalid(format!("unknown advantage `{}`", a.advantage)))?;
+        let opts = AdvantageOptions {
+            std: match a.grpo_std.as_str() {
+                "unbiased" => Std::Unbiased,
+                _ => Std::Population,
+            },
+            k: Some(a.pass_k),
+            threshold: Some(a.success_threshold),
+            continuous: a.pass_at_k_reward == "continuous",
+            best_only: a.pass_at_k_reward == "best_only",
+            norm_by_std: true,
+        };
+        let advantage = Advantage::from_name(&a.advantage, &opts)
+            .map_err(|e| LearnerError::Invalid(format!("algorithm.advantage: {e}")))?;
         let aggregation = Aggregation::from_name(&a.loss_agg, max_len.max(1))
             .ok_or_else(|| LearnerError::Invalid(format!("unknown loss_agg `{}`", a.loss_agg)))?;
         let ratio = match a.ratio.as_str() {

@@ -13,7 +13,16 @@
 //! that hold no success score 0). c = 0 or c = n gives 0. k = 1 is GRPO with the population std
 //! on binary rewards. Needs 1 ≤ k ≤ n. verl has no binary pass@k estimator.
 //!
-//! **Continuous**: verl's `compute_grpo_passk_outcome_advantage` (which cites Tang et al. 2025,
+//! **Continuous** (k acts): the same construction on real-valued rewards (nDCG), with the
+//! group reward of a k-subset its *max*. Sort the n rewards ascending, r₍₁₎ ≤ … ≤ r₍ₙ₎. A
+//! random k-subset has max r₍ᵢ₎ with probability C(i − 1, k − 1)/C(n, k), so its mean and
+//! variance are R̄ = Σᵢ r₍ᵢ₎ C(i − 1, k − 1)/C(n, k) and σ² = Σᵢ r₍ᵢ₎² C(i − 1, k − 1)/C(n, k) − R̄².
+//! Sample (i) gets A = (Eᵢ − R̄)/(σ + 1e-6), Eᵢ the mean max of the k-subsets holding it:
+//! Eᵢ = [r₍ᵢ₎ C(i − 1, k − 1) + Σ_{j > i} r₍ⱼ₎ C(j − 2, k − 2)] / C(n − 1, k − 1). On 0/1 rewards
+//! this is exactly the binary closed form above, and k = 1 is GRPO (population std): a sample
+//! that can never be the max of its k-subset (the k − 1 lowest) gets the same, lowest, value.
+//!
+//! **Best only**: verl's `compute_grpo_passk_outcome_advantage` (which cites Tang et al. 2025,
 //! "Optimizing Language Models for Inference Time Objectives using Reinforcement Learning",
 //! arXiv:2503.19595): only the group's best sample gets r_max − r_second (the first of tied bests
 //! gets their gap, 0), every other sample 0 — the leave-one-out gradient of the group's max
@@ -33,17 +42,55 @@ use crate::error::{AlgoError, Result};
 pub enum PassAtKReward {
     /// success = reward > threshold, analytical pass@k advantage.
     Binary { threshold: f64 },
+    /// Real-valued rewards, the k-subset's reward its max (k acts).
+    Continuous,
     /// Only the best sample gets r_max − r_second, divided by the group's unbiased std + 1e-6
-    /// when `norm_by_std` (verl's default).
-    Continuous { norm_by_std: bool },
+    /// when `norm_by_std` (verl's default); k is not used.
+    BestOnly { norm_by_std: bool },
 }
 
 /// Advantages of group `g`'s outcome rewards (not empty).
 pub(super) fn group(g: usize, r: &[f64], k: usize, reward: PassAtKReward) -> Result<Vec<f64>> {
     match reward {
         PassAtKReward::Binary { threshold } => binary(g, r, k, threshold),
-        PassAtKReward::Continuous { norm_by_std } => Ok(continuous(r, norm_by_std)),
+        PassAtKReward::Continuous => max_of_k(g, r, k),
+        PassAtKReward::BestOnly { norm_by_std } => Ok(best_only(r, norm_by_std)),
     }
+}
+
+fn max_of_k(g: usize, r: &[f64], k: usize) -> Result<Vec<f64>> {
+    let n = r.len();
+    if k < 1 || k > n {
+        return Err(AlgoError::Invalid(format!(
+            "pass@k needs 1 <= k <= group size, got k = {k} for group {g} of {n}"
+        )));
+    }
+    if r.iter().all(|x| *x == r[0]) {
+        return Ok(vec![0.0; n]);
+    }
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|a, b| r[*a].total_cmp(&r[*b]));
+    let sorted: Vec<f64> = order.iter().map(|&i| r[i]).collect();
+    let (ni, ki) = (n as i64, k as i64);
+    let (total, others) = (binom(ni, ki), binom(ni - 1, ki - 1));
+    // P(max = r₍ᵢ₎) with 1-based i = pos + 1.
+    let p: Vec<f64> = (0..n)
+        .map(|pos| binom(pos as i64, ki - 1) / total)
+        .collect();
+    let mean: f64 = sorted.iter().zip(&p).map(|(x, p)| x * p).sum();
+    let var: f64 = sorted.iter().zip(&p).map(|(x, p)| x * x * p).sum::<f64>() - mean * mean;
+    let sigma = var.max(0.0).sqrt();
+    // tail[pos] = Σ_{j > pos} r₍ⱼ₎ C(j − 2, k − 2), j 1-based = q + 1.
+    let mut tail = vec![0.0; n + 1];
+    for q in (0..n).rev() {
+        tail[q] = tail[q + 1] + sorted[q] * binom(q as i64 - 1, ki - 2);
+    }
+    let mut out = vec![0.0; n];
+    for (pos, &i) in order.iter().enumerate() {
+        let e = (sorted[pos] * binom(pos as i64, ki - 1) + tail[pos + 1]) / others;
+        out[i] = (e - mean) / (sigma + EPS);
+    }
+    Ok(out)
 }
 
 /// C(n, k) as f64, 0 when k < 0 or k > n.
@@ -76,7 +123,7 @@ fn binary(g: usize, r: &[f64], k: usize, threshold: f64) -> Result<Vec<f64>> {
         .collect())
 }
 
-fn continuous(r: &[f64], norm_by_std: bool) -> Vec<f64> {
+fn best_only(r: &[f64], norm_by_std: bool) -> Vec<f64> {
     let mut out = vec![0.0; r.len()];
     if r.len() < 2 {
         return out;
@@ -142,8 +189,44 @@ mod tests {
     }
 
     #[test]
-    fn continuous_rewards_only_the_best() {
-        let raw = PassAtKReward::Continuous { norm_by_std: false };
+    fn continuous_is_the_expected_max_of_k() {
+        // r = (0.2, 0.9, 0.5, 0), k = 2: the six pairs have maxes .2 .5 .9 .5 .9 .9, so
+        // R̄ = 3.9/6 = 0.65 and σ² = (.04 + .25 + .81 + .25 + .81 + .81)/6 − 0.65² = 0.0725.
+        // Pairs holding 0: maxes .2 .5 .9 → E = 1.6/3; holding .2: .2 .5 .9 → 1.6/3;
+        // holding .5: .5 .5 .9 → 1.9/3; holding .9: 0.9.
+        let a = group(0, &[0.2, 0.9, 0.5, 0.0], 2, PassAtKReward::Continuous).unwrap();
+        let s = 0.0725f64.sqrt() + 1e-6;
+        let want = [1.6 / 3.0, 0.9, 1.9 / 3.0, 1.6 / 3.0].map(|e: f64| (e - 0.65) / s);
+        for (x, y) in a.iter().zip(want) {
+            assert!((x - y).abs() < 1e-9, "{a:?} vs {want:?}");
+        }
+        // k changes the advantages (k = 1 is GRPO with the population std).
+        let k1 = group(0, &[0.2, 0.9, 0.5, 0.0], 1, PassAtKReward::Continuous).unwrap();
+        for (x, y) in k1
+            .iter()
+            .zip(grpo::group(&[0.2, 0.9, 0.5, 0.0], Std::Population))
+        {
+            assert!((x - y).abs() < 1e-9, "{k1:?}");
+        }
+        // On 0/1 rewards it is the binary closed form.
+        for k in 1..=4 {
+            let r = [0.0, 1.0, 0.0, 1.0, 0.0];
+            let c = group(0, &r, k, PassAtKReward::Continuous).unwrap();
+            let b = group(0, &r, k, BIN).unwrap();
+            for (x, y) in c.iter().zip(&b) {
+                assert!((x - y).abs() < 1e-9, "k = {k}: {c:?} vs {b:?}");
+            }
+        }
+        assert_eq!(
+            group(0, &[0.3; 4], 2, PassAtKReward::Continuous).unwrap(),
+            vec![0.0; 4]
+        );
+        assert!(group(0, &[0.3, 0.1], 3, PassAtKReward::Continuous).is_err());
+    }
+
+    #[test]
+    fn best_only_rewards_only_the_best() {
+        let raw = PassAtKReward::BestOnly { norm_by_std: false };
         // Best 0.9, second 0.5 ⇒ 0.9 − 0.5 at index 1, 0 elsewhere; k is not used.
         let a = group(0, &[0.2, 0.9, 0.5, -1.0], 2, raw).unwrap();
         assert_eq!(a, vec![0.0, 0.9 - 0.5, 0.0, 0.0]);
@@ -152,7 +235,7 @@ mod tests {
         assert_eq!(group(0, &[0.7], 9, raw).unwrap(), vec![0.0]);
         // verl's normalisation: r = (0, 2, 1), gap 2 − 1 = 1, mean 1, unbiased std
         // √((1 + 1 + 0)/2) = 1 ⇒ 1/(1 + 1e-6) at index 1.
-        let norm = PassAtKReward::Continuous { norm_by_std: true };
+        let norm = PassAtKReward::BestOnly { norm_by_std: true };
         let a = group(0, &[0.0, 2.0, 1.0], 2, norm).unwrap();
         assert_eq!(a, vec![0.0, 1.0 / (1.0 + 1e-6), 0.0]);
     }

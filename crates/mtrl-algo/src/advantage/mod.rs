@@ -87,9 +87,11 @@ pub struct AdvantageOptions {
     pub k: Option<usize>,
     /// Success threshold of binary pass@k (required unless `continuous`).
     pub threshold: Option<f64>,
-    /// Pass@k on continuous rewards (the best sample gets r_max − r_second) instead of binary.
+    /// Pass@k on continuous rewards (the k-subset's reward is its max) instead of binary.
     pub continuous: bool,
-    /// Continuous pass@k only: divide by the group's unbiased std (verl's default).
+    /// verl's variant instead: only the best sample gets r_max − r_second.
+    pub best_only: bool,
+    /// `best_only` only: divide by the group's unbiased std (verl's default).
     pub norm_by_std: bool,
 }
 
@@ -132,10 +134,12 @@ impl Advantage {
                 let k = opts.k.ok_or_else(|| {
                     AlgoError::Invalid(format!("advantage `{name}` needs k (pass@k's k)"))
                 })?;
-                let reward = if opts.continuous {
-                    PassAtKReward::Continuous {
+                let reward = if opts.best_only {
+                    PassAtKReward::BestOnly {
                         norm_by_std: opts.norm_by_std,
                     }
+                } else if opts.continuous {
+                    PassAtKReward::Continuous
                 } else {
                     let threshold = opts.threshold.ok_or_else(|| {
                         AlgoError::Invalid(format!(
@@ -405,7 +409,7 @@ mod tests {
             Advantage::from_name("grpo_pass_at_k", &cont).unwrap(),
             Advantage::GrpoPassAtK {
                 k: 2,
-                reward: PassAtKReward::Continuous { norm_by_std: false }
+                reward: PassAtKReward::Continuous
             }
         );
         let k0 = AdvantageOptions { k: Some(0), ..cont };

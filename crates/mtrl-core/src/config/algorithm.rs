@@ -3,7 +3,14 @@
 //! ```toml
 //! [algorithm]
 //! loss = "ppo"              # "ppo" | "cispo" | "is"
-//! advantage = "grpo"        # "grpo" | "grpo_pass_at_k" | "rloo" | "dr_grpo"
+//! advantage = "grpo"        # grpo (= group_based) | dr_grpo | rloo | opo | gpg | monte_carlo
+//!                           # | group_based_per_turn | reinforce_pp | reinforce_pp_baseline
+//!                           # | grpo_pass_at_k (= grpo_passk)   (see mtrl-algo's `advantage`)
+//! grpo_std = "population"   # | "unbiased" (torch.std, verl): grpo, group_based_per_turn
+//! pass_k = 2                # grpo_pass_at_k's k
+//! pass_at_k_reward = "binary" # success = reward > success_threshold | "continuous" (the max of
+//!                           # a k-subset) | "best_only" (verl: only the best sample, k unused)
+//! success_threshold = 0.5
 //! ratio = "sampler"         # what π_θ is divided by: "sampler" (the rollout's log-probs, the
 //!                           # managed service's definition) | "proximal" (recomputed by the
 //!                           # learner before `ppo_mini_batches` updates: decoupled PPO)
@@ -48,11 +55,28 @@ pub struct AlgorithmSpec {
 }
 
 pub const LOSSES: &[&str] = &["ppo", "cispo", "is"];
-pub const ADVANTAGES: &[&str] = &["grpo", "grpo_pass_at_k", "rloo", "dr_grpo"];
+/// Every estimator name (ours and the managed service's; `mtrl-algo`'s `Advantage::NAMES`, which
+/// a learner test keeps equal to this list).
+pub const ADVANTAGES: &[&str] = &[
+    "grpo",
+    "group_based",
+    "dr_grpo",
+    "rloo",
+    "monte_carlo",
+    "group_based_per_turn",
+    "reinforce_pp",
+    "reinforce_plus_plus",
+    "reinforce_pp_baseline",
+    "reinforce_plus_plus_baseline",
+    "opo",
+    "gpg",
+    "grpo_pass_at_k",
+    "grpo_passk",
+];
 /// The estimators that divide by a group's std (where `grpo_std` acts).
-pub const STD_ADVANTAGES: &[&str] = &["grpo"];
+pub const STD_ADVANTAGES: &[&str] = &["grpo", "group_based", "group_based_per_turn"];
 pub const RATIOS: &[&str] = &["sampler", "proximal"];
-pub const PASS_AT_K_REWARDS: &[&str] = &["binary", "continuous"];
+pub const PASS_AT_K_REWARDS: &[&str] = &["binary", "continuous", "best_only"];
 pub const GRPO_STDS: &[&str] = &["population", "unbiased"];
 pub const LOSS_AGGS: &[&str] = &[
     "token-mean",
@@ -188,14 +212,14 @@ impl AlgorithmSpec {
                 format!("{success_threshold} is not a number"),
             ));
         }
-        let passk = advantage == "grpo_pass_at_k";
+        let passk = advantage == "grpo_pass_at_k" || advantage == "grpo_passk";
         let uses_std = STD_ADVANTAGES.contains(&advantage.as_str());
         // Keys set explicitly that would change nothing.
         let inert = [
             (
                 "algorithm.pass_k",
-                self.pass_k.is_some() && !passk,
-                "acts only with advantage = \"grpo_pass_at_k\"",
+                self.pass_k.is_some() && !(passk && pass_at_k_reward != "best_only"),
+                "acts only with advantage = \"grpo_pass_at_k\" and pass_at_k_reward \"binary\" or \"continuous\"",
             ),
             (
                 "algorithm.pass_at_k_reward",
