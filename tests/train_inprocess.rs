@@ -89,3 +89,76 @@ fn in_process_run_resumes_bitwise() {
     }
     assert!(weights(&a.path().join("run"), 4) == weights(&b.path().join("run"), 4));
 }
+
+/// `train.val_every = 2` on the pick task, the training tasks as validation set: greedy passes
+/// after steps 2 and 4 land in the records (and `mtrl plot`'s curves), the best step's checkpoint
+/// is named by `best.json`, survives `keep_last = 1` and is what `--model best` resolves to; the
+/// training figures are those of the run without validation (greedy decoding draws no seeds).
+#[test]
+fn validation_runs_during_training_and_keeps_the_best() {
+    let plain = tempfile::tempdir().unwrap();
+    let p = write_config(
+        plain.path(),
+        "group_size = 4\nrollout_max_concurrency = 4",
+        "global_batch_size = 4\nmax_steps = 4",
+        "every_steps = 1\nkeep_last = 1",
+    );
+    let cfg = mtrl_core::Config::load(&p).unwrap();
+    let base = train(&cfg, TrainOptions::default()).unwrap().records;
+
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_config(
+        dir.path(),
+        "group_size = 4\nrollout_max_concurrency = 4",
+        "global_batch_size = 4\nmax_steps = 4\nval_every = 2\nval_metric = 'val_reward'",
+        "every_steps = 1\nkeep_last = 1",
+    );
+    let text = std::fs::read_to_string(&p).unwrap().replace(
+        "validation_fraction = 0.0",
+        &format!(
+            "validation = \"{}\"",
+            train_common::fixtures().join("pick/tasks.jsonl").display()
+        ),
+    );
+    std::fs::write(&p, text).unwrap();
+    let cfg = mtrl_core::Config::load(&p).unwrap();
+    let s = train(&cfg, TrainOptions::default()).unwrap();
+    let run = dir.path().join("run");
+    let recs: Vec<StepRecord> = read_jsonl(&run.join("metrics.jsonl")).unwrap();
+    assert_eq!(recs.len(), 4);
+    for r in &recs {
+        let due = r.step % 2 == 0;
+        assert_eq!(r.val_reward_mean.is_some(), due, "step {}", r.step);
+        assert_eq!(r.val_failure_rate.is_some(), due);
+        assert_eq!(r.val_turns_mean, due.then_some(1.0));
+    }
+    for (a, b) in base.iter().zip(&s.records) {
+        assert_eq!(
+            (a.loss, a.reward_mean, a.grad_norm),
+            (b.loss, b.reward_mean, b.grad_norm)
+        );
+    }
+    // The best step by val_reward: ties keep the earlier one.
+    let (v2, v4) = (
+        recs[1].val_reward_mean.unwrap(),
+        recs[3].val_reward_mean.unwrap(),
+    );
+    let best_step = if v4 > v2 { 4 } else { 2 };
+    let best: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("best.json")).unwrap()).unwrap();
+    assert_eq!(best["step"], best_step);
+    assert_eq!(best["metric"], "val_reward");
+    let resolved = mtrl_train::validate::checkpoint_policy(&run, "best").unwrap();
+    assert_eq!(resolved, run.join(format!("step-{best_step:08}/policy")));
+    assert!(resolved.join("config.json").is_file());
+    let last = mtrl_train::validate::checkpoint_policy(&run, "last").unwrap();
+    assert_eq!(last, run.join("step-00000004/policy"));
+    // The validation curve is read by `mtrl plot`.
+    let curves = mtrl_eval::plot::read_curves(&run).unwrap();
+    assert_eq!(
+        curves.val["validation"][&mtrl_eval::plot::Metric::Reward].len(),
+        2
+    );
+    let written = mtrl_eval::plot::plot_run(&run, &run.join("plots")).unwrap();
+    assert!(!written.is_empty());
+}

@@ -22,8 +22,9 @@ pub struct EvalArgs {
     /// concurrency), `[model]` (dtype, device).
     #[arg(long, short)]
     pub config: PathBuf,
-    /// Policy checkpoint folder to evaluate (e.g. `<checkpoint.dir>/step-N/policy`); labelled
-    /// `tuned` when --baseline is given, else `model`.
+    /// Policy checkpoint folder to evaluate (e.g. `<checkpoint.dir>/step-N/policy`), or `best`
+    /// (the run's best step by its validation metric, `best.json`) or `last` (its newest valid
+    /// checkpoint); labelled `tuned` when --baseline is given, else `model`.
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Base policy checkpoint folder, labelled `base`; the table adds `tuned − base` with a
@@ -70,7 +71,7 @@ pub struct EvalArgs {
 type Comparisons = Vec<(String, String)>;
 
 /// The models and scripted baselines the flags name, and which pairs to compare.
-fn contenders(args: &EvalArgs) -> Result<(Vec<Contender>, Comparisons)> {
+fn contenders(args: &EvalArgs, cfg: &mtrl_core::Config) -> Result<(Vec<Contender>, Comparisons)> {
     let mut contenders = Vec::new();
     let mut compare = Vec::new();
     if let Some(dir) = &args.baseline {
@@ -86,9 +87,15 @@ fn contenders(args: &EvalArgs) -> Result<(Vec<Contender>, Comparisons)> {
         } else {
             "model"
         };
+        let dir = match dir.to_str() {
+            Some(which @ ("best" | "last")) if !dir.exists() => {
+                mtrl_train::validate::checkpoint_policy(&cfg.checkpoint.dir, which)?
+            }
+            _ => dir.clone(),
+        };
         contenders.push(Contender::ModelDir {
             label: label.into(),
-            dir: dir.clone(),
+            dir,
         });
     }
     for name in &args.policies {
@@ -138,7 +145,7 @@ fn settings(cfg: &mtrl_core::Config, args: &EvalArgs) -> Result<EvalSettings> {
 pub fn run(args: &EvalArgs) -> Result<()> {
     let cfg = load_config(Some(&args.config))?;
     let settings = settings(&cfg, args)?;
-    let (contenders, compare) = contenders(args)?;
+    let (contenders, compare) = contenders(args, &cfg)?;
     let sets = prepare_test_sets(&cfg, args.limit)?;
     let (index, build) = open_index(&cfg, args.quiet)?;
     if !args.quiet {

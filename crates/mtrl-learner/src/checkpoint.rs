@@ -42,6 +42,17 @@ pub struct TrainerState {
     pub resume_keys: BTreeMap<String, String>,
     /// Per-step metrics so far.
     pub metrics: Vec<serde_json::Value>,
+    /// The best step by the validation metric so far; its checkpoint survives `keep_last`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best: Option<BestCheckpoint>,
+}
+
+/// The best step by a validation metric.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BestCheckpoint {
+    pub step: u64,
+    pub metric: String,
+    pub value: f64,
 }
 
 /// A checkpoint that failed verification, with the reason.
@@ -162,7 +173,13 @@ impl CheckpointManager {
         }
         std::fs::rename(&tmp, &dest).map_err(LearnerError::io("rename", &tmp))?;
         fsync(&self.dir)?;
-        for (_, old) in self.list()?.into_iter().skip(self.keep_last) {
+        let best = state.best.as_ref().map(|b| b.step);
+        for (_, old) in self
+            .list()?
+            .into_iter()
+            .filter(|(n, _)| Some(*n) != best)
+            .skip(self.keep_last)
+        {
             std::fs::remove_dir_all(&old).map_err(LearnerError::io("remove", &old))?;
         }
         Ok(dest)

@@ -18,7 +18,7 @@ pub mod step;
 mod update;
 
 pub use adamw::{AdamW, AdamWConfig};
-pub use checkpoint::{CheckpointManager, Rejected, TrainerState};
+pub use checkpoint::{BestCheckpoint, CheckpointManager, Rejected, TrainerState};
 pub use clip::{clip_global_norm, global_norm};
 pub use error::{LearnerError, Result};
 pub use schedule::{Decay, LrSchedule};

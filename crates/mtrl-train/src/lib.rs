@@ -33,6 +33,7 @@ pub mod setup;
 pub mod sft;
 mod step_record;
 pub mod telemetry;
+pub mod validate;
 pub mod warm_start;
 
 pub use error::{Context, Result, TrainError};

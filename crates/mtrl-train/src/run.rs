@@ -34,6 +34,7 @@ use crate::setup::{self, ModelParts};
 use crate::step_record::{step_record, Timing};
 use crate::telemetry::{JsonlSink, MlflowSink, ProgressSink, PrometheusSink, Record, RunStatus};
 use crate::telemetry::{Sink, Telemetry};
+use crate::validate::{write_best, Best, Validator};
 
 /// How to run: what the command line says, without its types.
 pub struct TrainOptions {
@@ -323,7 +324,15 @@ impl Loop<'_> {
             self.learner.version(),
             setup::engine_options(cfg),
         )?;
-        let envs = setup::env_factory(cfg, data, self.parts.codec.clone(), !opts.progress)?;
+        let window = self.learner.policy.config().max_position_embeddings;
+        let envs = setup::env_factory(cfg, data, self.parts.codec.clone(), !opts.progress, window)?;
+        let validator = Validator::new(
+            cfg,
+            &data.sets.validation,
+            envs.clone(),
+            setup::engine_options(cfg),
+            self.parts.codec.stop_token_ids(),
+        )?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -352,6 +361,7 @@ impl Loop<'_> {
             t,
             &trajs,
             &mut last_saved,
+            validator.as_ref().map(|v| (v, &rt)),
         );
         match trajs.map(|t| t.close()) {
             Some(Ok(s)) if s.dropped > 0 => eprintln!("trajectory log: {} dropped", s.dropped),
@@ -376,7 +386,37 @@ impl Loop<'_> {
         resume::save(self.mgr, &self.learner, &mut s.state, &s.shadow, dtype)
     }
 
+    /// Validates after the current step when due, writing the figures into `rec`; returns the
+    /// new best when this step is one.
+    fn validate(
+        &mut self,
+        val: (&Validator, &tokio::runtime::Runtime),
+        rec: &mut StepRecord,
+    ) -> Result<Option<Best>> {
+        let (v, rt) = val;
+        let step = self.start.state.step;
+        if !v.due(step, self.until) {
+            return Ok(None);
+        }
+        let policy = setup::copy_policy(&self.learner.policy)?;
+        let figures = v
+            .run(policy, self.learner.version(), rt)
+            .with_context(|| format!("validation after step {step}"))?;
+        figures.write(rec);
+        let score = figures.score(&v.metric);
+        let better = match &self.start.state.best {
+            Some(b) => score > b.value,
+            None => true,
+        };
+        Ok(better.then(|| Best {
+            step,
+            metric: v.metric.clone(),
+            value: score,
+        }))
+    }
+
     /// The step loop; `Ok(true)` when `stop` was raised.
+    #[allow(clippy::too_many_arguments)]
     fn steps(
         &mut self,
         rollout: &Rollout,
@@ -385,6 +425,7 @@ impl Loop<'_> {
         t: &mut Telemetry,
         trajs: &Option<mtrl_eval::TrajectoryLog>,
         last_saved: &mut u64,
+        validator: Option<(&Validator, &tokio::runtime::Runtime)>,
     ) -> Result<bool> {
         let b = self.cfg.train.global_batch_size;
         while self.start.state.step < self.until {
@@ -414,14 +455,26 @@ impl Loop<'_> {
                 learn_wait_s: wait_s,
             };
             let after = rollout.counters();
-            let rec = step_record(state.step, &batch, &m, &before, &after, &timing);
+            let mut rec = step_record(state.step, &batch, &m, &before, &after, &timing);
+            let best = match validator {
+                Some(v) => self.validate(v, &mut rec)?,
+                None => None,
+            };
+            self.start.state.metrics.push(serde_json::to_value(&rec)?);
+            let step = self.start.state.step;
+            if let Some(best) = best {
+                // A new best is checkpointed at once (its history holds this record).
+                self.start.state.best = Some(best.clone());
+                self.save()?;
+                write_best(&self.cfg.checkpoint.dir, &best)?;
+                *last_saved = step;
+            }
             t.record(Record::Step(&rec))?;
-            state.metrics.push(serde_json::to_value(&rec)?);
             self.records.push(rec);
             let every = self.cfg.checkpoint.every_steps;
-            if every > 0 && state.step.is_multiple_of(every) {
+            if every > 0 && step.is_multiple_of(every) && *last_saved != step {
                 self.save()?;
-                *last_saved = self.start.state.step;
+                *last_saved = step;
             }
         }
         Ok(false)

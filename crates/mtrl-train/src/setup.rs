@@ -180,8 +180,12 @@ pub fn env_factory(
     data: &Data,
     codec: Arc<dyn ChatCodec>,
     quiet: bool,
+    window: usize,
 ) -> Result<EnvFactory> {
-    let env_cfg = cfg.env_or_default();
+    let mut env_cfg = cfg.env_or_default();
+    // Beyond the model's window the engine would refuse the request and the episode would error;
+    // capped (as evaluation does), such an episode ends as context_overflow like any other budget.
+    env_cfg.max_context_tokens = env_cfg.max_context_tokens.min(window);
     Ok(match cfg.rollout.environment {
         EnvironmentKind::Pick => {
             let all: Vec<_> = data
