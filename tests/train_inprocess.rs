@@ -24,12 +24,12 @@ impl Sink for Collect {
     }
 }
 
-fn config(dir: &Path) -> mtrl_core::Config {
+fn config(dir: &Path, background: bool) -> mtrl_core::Config {
     let path = write_config(
         dir,
         "group_size = 4\nrollout_max_concurrency = 4",
         "global_batch_size = 4\nmax_steps = 4",
-        "every_steps = 2\nkeep_last = 2",
+        &format!("every_steps = 2\nkeep_last = 2\nbackground = {background}"),
     );
     mtrl_core::Config::load(&path).unwrap()
 }
@@ -41,7 +41,9 @@ fn weights(run: &Path, step: u64) -> Vec<u8> {
 #[test]
 fn in_process_run_resumes_bitwise() {
     let a = tempfile::tempdir().unwrap();
-    let cfg_a = config(a.path());
+    // Run a writes its checkpoints on the learner thread, run b on the background writer: the
+    // files are the same.
+    let cfg_a = config(a.path(), false);
     let seen = Arc::new(Mutex::new(Vec::new()));
     let opts = TrainOptions {
         sinks: vec![Box::new(Collect(seen.clone()))],
@@ -55,7 +57,7 @@ fn in_process_run_resumes_bitwise() {
     assert!(on_disk.iter().all(|r| r.grad_norm > 0.0));
 
     let b = tempfile::tempdir().unwrap();
-    let cfg_b = config(b.path());
+    let cfg_b = config(b.path(), true);
     let first = TrainOptions {
         max_steps: Some(2),
         ..TrainOptions::default()

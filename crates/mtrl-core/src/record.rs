@@ -80,11 +80,28 @@ pub struct StepRecord {
     #[serde(default)]
     pub prompt_tokens_reused: u64,
     pub learner_tokens_per_s: f64,
+    /// Faults of the step (rollout-wide, all episodes in flight): attempts retried, attempts
+    /// stopped by `rollout.timeout_s`, episodes that failed every attempt, groups replaced, and
+    /// faults injected by kind (`MTRL_FAULTS`).
+    #[serde(default)]
+    pub episode_retries: u64,
+    #[serde(default)]
+    pub episode_timeouts: u64,
+    #[serde(default)]
+    pub episodes_errored: u64,
+    #[serde(default)]
+    pub groups_replaced: u64,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub faults_injected: BTreeMap<String, u64>,
     pub time_generate_s: f64,
     pub time_tools_s: f64,
     pub time_learn_s: f64,
     pub time_publish_s: f64,
     pub time_wait_for_batch_s: f64,
+    /// Learner seconds spent on checkpoints since the previous record (copying the tensors for
+    /// the background writer, or the whole write without it).
+    #[serde(default)]
+    pub time_checkpoint_s: f64,
     pub step_wall_s: f64,
     /// Seconds since this process started the run (a resumed run starts again from 0).
     pub elapsed_s: f64,
@@ -136,11 +153,17 @@ impl Default for StepRecord {
             prompt_tokens_prefilled: 0,
             prompt_tokens_reused: 0,
             learner_tokens_per_s: 0.0,
+            episode_retries: 0,
+            episode_timeouts: 0,
+            episodes_errored: 0,
+            groups_replaced: 0,
+            faults_injected: BTreeMap::new(),
             time_generate_s: 0.0,
             time_tools_s: 0.0,
             time_learn_s: 0.0,
             time_publish_s: 0.0,
             time_wait_for_batch_s: 0.0,
+            time_checkpoint_s: 0.0,
             step_wall_s: 0.0,
             elapsed_s: 0.0,
             val_reward_mean: None,

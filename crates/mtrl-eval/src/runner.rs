@@ -77,10 +77,7 @@ async fn run_all(
     for (i, task) in tasks.iter().enumerate() {
         for s in 0..per_task {
             let (cx, envs, sem, task) = (cx.clone(), envs.clone(), sem.clone(), task.clone());
-            let id = EpisodeId {
-                group: first_group + i as u64,
-                sample: first_sample + s as u64,
-            };
+            let id = EpisodeId::new(first_group + i as u64, first_sample + s as u64);
             set.spawn(async move {
                 let _permit = sem
                     .acquire_owned()
@@ -144,6 +141,7 @@ pub fn run_policy(
             seed: run.seed,
             stop_token_ids: run.codec.stop_token_ids(),
             stats: Arc::new(EnvStats::default()),
+            faults: Arc::new(mtrl_rollout::faults::Faults::none()),
         })
     };
     let (greedy_cx, sampled_cx) = (

@@ -162,6 +162,25 @@ impl AdamW {
         Ok(())
     }
 
+    /// A copy whose tensors later updates do not touch (copied on the device, finished before
+    /// this returns), for a background checkpoint writer.
+    pub fn snapshot(&self) -> Result<AdamW> {
+        let copy = |m: &BTreeMap<String, Tensor>| -> Result<BTreeMap<String, Tensor>> {
+            m.iter().map(|(k, t)| Ok((k.clone(), t.copy()?))).collect()
+        };
+        let out = AdamW {
+            config: self.config,
+            step: self.step,
+            m: copy(&self.m)?,
+            v: copy(&self.v)?,
+            master: copy(&self.master)?,
+        };
+        if let Some(t) = self.m.values().next() {
+            t.device().synchronize()?;
+        }
+        Ok(out)
+    }
+
     /// Writes `optimizer.safetensors` + `optimizer.json` into `dir`.
     pub fn save(&self, dir: &Path) -> Result<()> {
         let mut tensors: HashMap<String, Tensor> = HashMap::new();

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::DType;
-use mtrl_model::Policy;
+use mtrl_model::{Policy, PolicySnapshot};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -25,6 +25,10 @@ use crate::error::{LearnerError, Result};
 
 pub const FORMAT_VERSION: u32 = 1;
 const CHECKSUMS: &str = "CHECKSUMS.json";
+/// A checkpoint being written (renamed to `step-N` once complete).
+const TMP_PREFIX: &str = ".tmp-step-";
+/// A checkpoint of the same step being replaced (removed once the new one is in place).
+const OLD_PREFIX: &str = ".old-step-";
 
 /// Everything besides weights and optimizer needed to continue a run exactly.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -62,6 +66,7 @@ pub struct Rejected {
     pub reason: String,
 }
 
+#[derive(Debug, Clone)]
 pub struct CheckpointManager {
     dir: PathBuf,
     keep_last: usize,
@@ -89,6 +94,23 @@ fn files(root: &Path) -> Result<Vec<PathBuf>> {
         }
     }
     out.sort();
+    Ok(out)
+}
+
+/// `root` and every folder below it.
+fn dirs(root: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = vec![root.to_path_buf()];
+    let mut i = 0;
+    while i < out.len() {
+        let d = out[i].clone();
+        for e in std::fs::read_dir(&d).map_err(LearnerError::io("list", &d))? {
+            let p = e.map_err(LearnerError::io("list", &d))?.path();
+            if p.is_dir() {
+                out.push(p);
+            }
+        }
+        i += 1;
+    }
     Ok(out)
 }
 
@@ -142,11 +164,20 @@ impl CheckpointManager {
         opt: &AdamW,
         state: &TrainerState,
     ) -> Result<PathBuf> {
+        self.save_snapshot(&policy.snapshot_view()?, policy_dtype, opt, state)
+    }
+
+    /// [`CheckpointManager::save`] of a [`PolicySnapshot`] (what the background writer saves).
+    pub fn save_snapshot(
+        &self,
+        policy: &PolicySnapshot,
+        policy_dtype: DType,
+        opt: &AdamW,
+        state: &TrainerState,
+    ) -> Result<PathBuf> {
         std::fs::create_dir_all(&self.dir).map_err(LearnerError::io("create", &self.dir))?;
-        let tmp = self.dir.join(format!(".tmp-step-{:08}", state.step));
-        if tmp.exists() {
-            std::fs::remove_dir_all(&tmp).map_err(LearnerError::io("remove", &tmp))?;
-        }
+        self.clean_stale()?;
+        let tmp = self.dir.join(format!("{TMP_PREFIX}{:08}", state.step));
         std::fs::create_dir_all(&tmp).map_err(LearnerError::io("create", &tmp))?;
         policy.save(&tmp.join("policy"), policy_dtype)?;
         opt.save(&tmp)?;
@@ -167,12 +198,23 @@ impl CheckpointManager {
             .map_err(|e| LearnerError::Invalid(e.to_string()))?;
         std::fs::write(&p, text).map_err(LearnerError::io("write", &p))?;
         fsync(&p)?;
+        // Directory entries too: the files' names must survive a crash as well as their bytes.
+        for d in dirs(&tmp)? {
+            fsync(&d)?;
+        }
         let dest = self.step_dir(state.step);
-        if dest.exists() {
-            std::fs::remove_dir_all(&dest).map_err(LearnerError::io("remove", &dest))?;
+        // An older checkpoint of the same step is set aside, not deleted, until the new one is
+        // in place.
+        let old = self.dir.join(format!("{OLD_PREFIX}{:08}", state.step));
+        let had_old = dest.exists();
+        if had_old {
+            std::fs::rename(&dest, &old).map_err(LearnerError::io("rename", &dest))?;
         }
         std::fs::rename(&tmp, &dest).map_err(LearnerError::io("rename", &tmp))?;
         fsync(&self.dir)?;
+        if had_old {
+            std::fs::remove_dir_all(&old).map_err(LearnerError::io("remove", &old))?;
+        }
         let best = state.best.as_ref().map(|b| b.step);
         for (_, old) in self
             .list()?
@@ -186,6 +228,34 @@ impl CheckpointManager {
     }
 
     /// Checks a checkpoint folder against its checksums.
+    /// Removes what an interrupted save left: `.tmp-step-*` folders (never complete) and
+    /// `.old-step-*` ones whose replacement is in place (one without is renamed back). Returns
+    /// how many folders were cleaned.
+    pub fn clean_stale(&self) -> Result<usize> {
+        if !self.dir.exists() {
+            return Ok(0);
+        }
+        let mut n = 0;
+        for e in std::fs::read_dir(&self.dir).map_err(LearnerError::io("list", &self.dir))? {
+            let e = e.map_err(LearnerError::io("list", &self.dir))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let path = e.path();
+            if name.starts_with(TMP_PREFIX) {
+                std::fs::remove_dir_all(&path).map_err(LearnerError::io("remove", &path))?;
+                n += 1;
+            } else if let Some(step) = name.strip_prefix(OLD_PREFIX) {
+                let dest = self.dir.join(format!("step-{step}"));
+                if dest.exists() {
+                    std::fs::remove_dir_all(&path).map_err(LearnerError::io("remove", &path))?;
+                } else {
+                    std::fs::rename(&path, &dest).map_err(LearnerError::io("rename", &path))?;
+                }
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     pub fn verify(path: &Path) -> std::result::Result<(), String> {
         let sums_path = path.join(CHECKSUMS);
         let text =

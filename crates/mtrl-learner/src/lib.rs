@@ -10,6 +10,7 @@ pub mod adamw;
 mod adamw_cpu;
 pub mod batch;
 pub mod checkpoint;
+pub mod checkpoint_writer;
 pub mod clip;
 pub mod error;
 pub mod schedule;
@@ -19,6 +20,7 @@ mod update;
 
 pub use adamw::{AdamW, AdamWConfig};
 pub use checkpoint::{BestCheckpoint, CheckpointManager, Rejected, TrainerState};
+pub use checkpoint_writer::{CheckpointJob, CheckpointWriter};
 pub use clip::{clip_global_norm, global_norm};
 pub use error::{LearnerError, Result};
 pub use schedule::{Decay, LrSchedule};

@@ -256,6 +256,42 @@ fn checkpoints_are_atomic_checksummed_and_rotated() {
     );
     let st = CheckpointManager::load_state(&dir.path().join("step-00000002")).unwrap();
     assert_eq!(st.step, 2);
+    // What an interrupted save leaves is cleaned: an unfinished temp folder goes; a checkpoint
+    // set aside for its replacement comes back when the replacement never landed.
+    let d = dir.path();
+    std::fs::create_dir_all(d.join(".tmp-step-00000004/policy")).unwrap();
+    std::fs::rename(d.join("step-00000002"), d.join(".old-step-00000002")).unwrap();
+    assert_eq!(mgr.clean_stale().unwrap(), 2);
+    assert!(!d.join(".tmp-step-00000004").exists());
+    CheckpointManager::verify(&d.join("step-00000002")).unwrap();
+    // Saving a step again replaces it whole, and keeps a best step out of the rotation.
+    let st = TrainerState {
+        step: 2,
+        policy_version: 2,
+        best: Some(mtrl_learner::BestCheckpoint {
+            step: 2,
+            metric: "val_reward".into(),
+            value: 0.5,
+        }),
+        ..Default::default()
+    };
+    mgr.save(&p, DType::F32, &opt, &st).unwrap();
+    for s in 5..=6u64 {
+        let st = TrainerState {
+            step: s,
+            best: st.best.clone(),
+            ..Default::default()
+        };
+        mgr.save(&p, DType::F32, &opt, &st).unwrap();
+    }
+    let steps: Vec<u64> = mgr.list().unwrap().into_iter().map(|x| x.0).collect();
+    assert_eq!(steps, vec![6, 5, 2], "keep_last = 2 plus the best");
+    let names: Vec<String> = std::fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(names.is_empty(), "{names:?}");
     // The saved policy loads back with identical weights.
     let back = Policy::load(
         &dir.path().join("step-00000002/policy"),

@@ -52,7 +52,7 @@ pub use engine::{
 pub use error::{ModelError, Result};
 pub use kv_cache::KvCache;
 pub use logprobs::{logprobs_and_grads, token_logprobs, TokenLogprobs, DEFAULT_CHUNK_ELEMS};
-pub use policy::{left_padding_positions, Policy};
+pub use policy::{left_padding_positions, Policy, PolicySnapshot};
 pub use sampler::{Sampled, SamplingParams};
 pub use tokenizer::Tokenizer;
 pub use tokenizer_train::{train_tokenizer, TokenizerTraining};

@@ -287,17 +287,55 @@ impl Policy {
     /// Saves as an HF checkpoint: `model.safetensors` (HF names, `dtype`), `config.json`,
     /// `generation_config.json` and the tokenizer files of the folder the policy came from.
     pub fn save(&self, dir: &Path, dtype: DType) -> Result<()> {
-        let tensors: BTreeMap<String, Tensor> = self
-            .vars
-            .iter()
-            .map(|(n, v)| (n.clone(), v.as_tensor().detach()))
-            .collect();
+        self.view(false)?.save(dir, dtype)
+    }
+
+    /// What [`Policy::save`] writes, as a copy the policy's later updates do not touch (the
+    /// weights are copied on the device and finished before this returns): a background writer
+    /// saves it while training goes on.
+    pub fn snapshot(&self) -> Result<PolicySnapshot> {
+        let s = self.view(true)?;
+        self.device.synchronize()?;
+        Ok(s)
+    }
+
+    /// A snapshot sharing the policy's tensors (no copy): valid only until the next update.
+    pub fn snapshot_view(&self) -> Result<PolicySnapshot> {
+        self.view(false)
+    }
+
+    fn view(&self, copy: bool) -> Result<PolicySnapshot> {
+        let mut tensors = BTreeMap::new();
+        for (n, v) in &self.vars {
+            let t = v.as_tensor().detach();
+            tensors.insert(n.clone(), if copy { t.copy()? } else { t });
+        }
+        Ok(PolicySnapshot {
+            tensors,
+            config: self.config.raw.clone(),
+            generation: self.generation.raw.clone(),
+            source_dir: self.source_dir.clone(),
+        })
+    }
+}
+
+/// A policy's weights and metadata, ready to be saved ([`Policy::snapshot`]).
+pub struct PolicySnapshot {
+    tensors: BTreeMap<String, Tensor>,
+    config: serde_json::Value,
+    generation: Option<serde_json::Value>,
+    source_dir: Option<PathBuf>,
+}
+
+impl PolicySnapshot {
+    /// Writes the HF checkpoint [`Policy::save`] writes.
+    pub fn save(&self, dir: &Path, dtype: DType) -> Result<()> {
         checkpoint::save_checkpoint(
             dir,
-            &tensors,
+            &self.tensors,
             dtype,
-            &self.config.raw,
-            self.generation.raw.as_ref(),
+            &self.config,
+            self.generation.as_ref(),
             self.source_dir.as_deref(),
         )
     }

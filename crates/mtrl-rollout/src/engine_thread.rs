@@ -33,6 +33,9 @@ enum Job {
     Release(u64),
 }
 
+/// Weight updates that may wait for the engine at once.
+pub const WEIGHTS_QUEUE: usize = 2;
+
 /// New weights for the engine (HF names), tagged with their policy version.
 pub struct WeightUpdate {
     pub version: u64,
@@ -98,7 +101,9 @@ impl EngineThread {
     /// Moves `engine` onto a new thread.
     pub fn spawn(engine: Engine) -> Result<EngineThread> {
         let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded();
-        let (w_tx, w_rx) = crossbeam_channel::unbounded();
+        // Bounded: a learner that outruns an engine waits (see `Rollout::publish`) instead of
+        // queueing full copies of the weights.
+        let (w_tx, w_rx) = crossbeam_channel::bounded(WEIGHTS_QUEUE);
         let stats = Arc::new(EngineStats::default());
         stats.version.store(engine.version(), Ordering::SeqCst);
         let stop = Arc::new(AtomicBool::new(false));

@@ -20,6 +20,7 @@ use mtrl_model::{GenerationRequest, SamplingParams};
 
 use crate::engine_thread::GenClient;
 use crate::error::{Result, RolloutError};
+use crate::faults::{FaultKind, Faults};
 
 pub use mtrl_core::rng::sample_seed;
 
@@ -30,10 +31,30 @@ pub struct EnvStats {
 }
 
 /// Where one episode sits in the run.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EpisodeId {
     pub group: u64,
     pub sample: u64,
+    /// Retry of the same episode after an error (0 = first try): same seeds, so a retry that
+    /// meets no fault reproduces the episode exactly; only fault injection draws by it.
+    pub attempt: u32,
+    /// Replacement of a failed group (0 = the original): new sampling seeds.
+    pub replacement: u32,
+}
+
+impl EpisodeId {
+    pub fn new(group: u64, sample: u64) -> EpisodeId {
+        EpisodeId {
+            group,
+            sample,
+            ..EpisodeId::default()
+        }
+    }
+
+    /// The sample index the seeds are drawn with (a replacement group samples anew).
+    fn seed_sample(&self) -> u64 {
+        self.sample ^ (u64::from(self.replacement) << 48)
+    }
 }
 
 /// What every episode shares.
@@ -43,6 +64,8 @@ pub struct EpisodeContext {
     pub seed: u64,
     pub stop_token_ids: Vec<u32>,
     pub stats: Arc<EnvStats>,
+    /// Faults to inject (tests of fault tolerance); [`Faults::none`] otherwise.
+    pub faults: Arc<Faults>,
 }
 
 async fn blocking<T: Send + 'static>(
@@ -88,7 +111,7 @@ pub async fn run_episode(
 
 /// The engine session of an episode: its conversation stays resident between model calls.
 fn session_key(seed: u64, id: EpisodeId) -> u64 {
-    mtrl_core::rng::sample_seed(seed, id.group, id.sample, u64::MAX)
+    mtrl_core::rng::sample_seed(seed, id.group, id.seed_sample(), u64::MAX) ^ u64::from(id.attempt)
 }
 
 /// Releases an episode's engine session when dropped.
@@ -125,7 +148,7 @@ async fn turns(
         let req = GenerationRequest {
             prompt: context.clone(),
             sampling: SamplingParams {
-                seed: sample_seed(cx.seed, id.group, id.sample, turn),
+                seed: sample_seed(cx.seed, id.group, id.seed_sample(), turn),
                 ..cx.sampling.clone()
             },
             max_new_tokens: obs.max_new_tokens,
@@ -133,6 +156,11 @@ async fn turns(
             stop_strings: Vec::new(),
             session: Some(session_key(cx.seed, id)),
         };
+        if cx.faults.strikes(FaultKind::EngineError, id, turn) {
+            return Err(RolloutError::Engine(format!(
+                "injected fault engine_error (task {name}, turn {turn})"
+            )));
+        }
         let c = cx.gen.generate(req).await?;
         context.extend_from_slice(&c.tokens);
         let action = Action::Tokens {
@@ -140,6 +168,15 @@ async fn turns(
             logprobs: c.logprobs,
             versions: c.versions,
         };
+        if cx.faults.strikes(FaultKind::SlowTool, id, turn) {
+            tokio::time::sleep(cx.faults.slow()).await;
+        }
+        if cx.faults.strikes(FaultKind::ToolError, id, turn) {
+            return Err(RolloutError::Env {
+                task: name.to_string(),
+                message: format!("injected fault tool_error (turn {turn})"),
+            });
+        }
         let (e, s) = blocking(env, name, &cx.stats, move |e| e.step(action)).await?;
         env = e;
         step = s;

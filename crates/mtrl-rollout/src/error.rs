@@ -18,6 +18,9 @@ pub enum RolloutError {
     /// No group can arrive any more (the scheduler and every group task have ended).
     #[error("rollouts stopped")]
     Stopped,
+    /// An episode attempt ran past `rollout.timeout_s`.
+    #[error("episode of task {task} ran past rollout.timeout_s = {seconds} s")]
+    Timeout { task: String, seconds: f64 },
     /// Rollouts were cancelled (shutdown).
     #[error("rollouts cancelled")]
     Cancelled,

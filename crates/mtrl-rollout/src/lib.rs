@@ -23,6 +23,7 @@
 pub mod engine_thread;
 pub mod episode;
 pub mod error;
+pub mod faults;
 pub mod gate;
 pub mod pick;
 pub mod runner;
@@ -30,8 +31,10 @@ pub mod runner;
 pub use engine_thread::{EngineStats, GenClient, WeightUpdate};
 pub use episode::{sample_seed, EpisodeId};
 pub use error::{Result, RolloutError};
+pub use faults::{FaultKind, Faults, FAULTS_VAR};
 pub use gate::Gate;
 pub use pick::PickEnv;
 pub use runner::{
-    EnvFactory, Group, InOrder, Rollout, RolloutCounters, RolloutSettings, TaskSource,
+    EnvFactory, FaultCounters, Group, InOrder, Rollout, RolloutCounters, RolloutSettings,
+    TaskSource,
 };

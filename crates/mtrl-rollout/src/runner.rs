@@ -8,8 +8,16 @@
 //! because of version v + 1 is generated with version v + 1 weights (see `engine_thread`).
 //!
 //! Shutdown: a [`CancellationToken`] stops admission and aborts in-flight episodes; a
-//! [`TaskTracker`] waits for them; then the engine thread is joined. The first error of any
-//! episode cancels everything and is kept for [`Rollout::failure`].
+//! [`TaskTracker`] waits for them; then the engine thread is joined.
+//!
+//! Faults: an episode attempt that errors or outlives `timeout` is retried (same seeds, so a
+//! retry that meets no fault is the episode it would have been) up to `max_retries` times; an
+//! episode still failing fails its group, which is then *replaced* — run again on the same task
+//! with fresh sampling seeds — up to `max_retries` times. Every retry, timeout, errored episode and
+//! replaced group is counted ([`FaultCounters`]). The run stops — the error kept for
+//! [`Rollout::failure`], naming the last cause — once errored episodes exceed
+//! `max_failed_fraction` of the finished ones (and at least one), or a group runs out of
+//! replacements.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,6 +36,7 @@ use tokio_util::task::TaskTracker;
 use crate::engine_thread::{EngineStats, EngineThread, WeightUpdate};
 use crate::episode::{run_episode, EnvStats, EpisodeContext, EpisodeId};
 use crate::error::{Result, RolloutError};
+use crate::faults::Faults;
 use crate::gate::Gate;
 
 /// A finished group: its admission index and its `group_size` trajectories in sample order.
@@ -66,6 +75,29 @@ pub struct RolloutSettings {
     pub version: u64,
     /// Admit no group with this index or above.
     pub end_group: Option<u64>,
+    /// Wall-clock limit of one episode attempt.
+    pub timeout: Option<Duration>,
+    /// Retries of an errored episode, and replacements of a failed group.
+    pub max_retries: usize,
+    /// Errored episodes over finished ones above which the run stops.
+    pub max_failed_fraction: f64,
+    /// Faults to inject (tests).
+    pub faults: Arc<Faults>,
+}
+
+/// Fault bookkeeping, monotonic.
+#[derive(Debug, Default)]
+pub struct FaultCounters {
+    /// Episode attempts run again after an error or a timeout.
+    pub retries: AtomicU64,
+    /// Attempts stopped by the timeout.
+    pub timeouts: AtomicU64,
+    /// Episodes that failed every attempt.
+    pub errored: AtomicU64,
+    /// Groups run again because one of their episodes errored.
+    pub replaced: AtomicU64,
+    /// Episodes finished (with a trajectory).
+    pub finished: AtomicU64,
 }
 
 /// Counters for per-step metrics (monotonic; the trainer takes differences).
@@ -81,6 +113,12 @@ pub struct RolloutCounters {
     pub reused_tokens: u64,
     pub admitted: u64,
     pub engine_version: u64,
+    pub retries: u64,
+    pub timeouts: u64,
+    pub errored_episodes: u64,
+    pub replaced_groups: u64,
+    /// Injected faults by kind (`tool_error`, `slow_tool`, `engine_error`).
+    pub faults: [u64; 3],
 }
 
 /// Running rollouts.
@@ -94,6 +132,8 @@ pub struct Rollout {
     env_stats: Arc<EnvStats>,
     wait_ns: Arc<AtomicU64>,
     admitted: Arc<AtomicU64>,
+    faults: Arc<Faults>,
+    fault_counts: Arc<FaultCounters>,
 }
 
 fn fail(slot: &Mutex<Option<RolloutError>>, cancel: &CancellationToken, e: RolloutError) {
@@ -129,6 +169,8 @@ impl Rollout {
             wait_ns: Arc::new(AtomicU64::new(0)),
             admitted: Arc::new(AtomicU64::new(settings.first_group)),
             engine: Some(engine),
+            faults: settings.faults.clone(),
+            fault_counts: Arc::new(FaultCounters::default()),
         };
         let cx = Arc::new(EpisodeContext {
             gen: r
@@ -140,6 +182,7 @@ impl Rollout {
             seed: settings.seed,
             stop_token_ids: settings.stop_token_ids.clone(),
             stats: r.env_stats.clone(),
+            faults: settings.faults.clone(),
         });
         let sched = Scheduler {
             settings,
@@ -154,19 +197,32 @@ impl Rollout {
             failure: r.failure.clone(),
             wait_ns: r.wait_ns.clone(),
             admitted: r.admitted.clone(),
+            counts: r.fault_counts.clone(),
         };
         r.tracker.spawn_on(sched.run(), rt);
         Ok((r, rx))
     }
 
     /// Sends new weights to the engine (applied between decode steps), then raises the version the
-    /// admission gate sees.
-    pub fn publish(&self, version: u64, tensors: HashMap<String, Tensor>) -> Result<()> {
+    /// admission gate sees. The queue is bounded; an engine that takes no update for `wait` is
+    /// reported as stuck.
+    pub fn publish(
+        &self,
+        version: u64,
+        tensors: HashMap<String, Tensor>,
+        wait: Duration,
+    ) -> Result<()> {
         let engine = self.engine.as_ref().ok_or(RolloutError::EngineStopped)?;
         engine
             .weights
-            .send(WeightUpdate { version, tensors })
-            .map_err(|_| RolloutError::EngineStopped)?;
+            .send_timeout(WeightUpdate { version, tensors }, wait)
+            .map_err(|e| match e {
+                crossbeam_channel::SendTimeoutError::Timeout(_) => RolloutError::Engine(format!(
+                    "the engine took no weight update for {:.0} s (version {version} waits): stuck",
+                    wait.as_secs_f64()
+                )),
+                crossbeam_channel::SendTimeoutError::Disconnected(_) => RolloutError::EngineStopped,
+            })?;
         self.version.send_replace(version);
         Ok(())
     }
@@ -189,6 +245,11 @@ impl Rollout {
             reused_tokens: self.engine_stats.reused_tokens.load(Ordering::Relaxed),
             admitted: self.admitted.load(Ordering::Relaxed),
             engine_version: self.engine_stats.version.load(Ordering::SeqCst),
+            retries: self.fault_counts.retries.load(Ordering::Relaxed),
+            timeouts: self.fault_counts.timeouts.load(Ordering::Relaxed),
+            errored_episodes: self.fault_counts.errored.load(Ordering::Relaxed),
+            replaced_groups: self.fault_counts.replaced.load(Ordering::Relaxed),
+            faults: self.faults.injected().map(|(_, n)| n),
         }
     }
 
@@ -220,6 +281,7 @@ struct Scheduler {
     failure: Arc<Mutex<Option<RolloutError>>>,
     wait_ns: Arc<AtomicU64>,
     admitted: Arc<AtomicU64>,
+    counts: Arc<FaultCounters>,
 }
 
 impl Scheduler {
@@ -250,17 +312,18 @@ impl Scheduler {
                 .fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
             metrics::histogram!("mtrl_rollout_admission_wait_seconds").record(waited.as_secs_f64());
             let task = self.tasks.next_task();
-            self.tracker.spawn(run_group(
+            let g = GroupRun {
                 index,
                 task,
-                self.settings.group_size,
-                self.envs.clone(),
-                self.cx.clone(),
-                self.sem.clone(),
-                self.cancel.clone(),
-                self.tx.clone(),
-                self.failure.clone(),
-            ));
+                settings: self.settings.clone(),
+                envs: self.envs.clone(),
+                cx: self.cx.clone(),
+                sem: self.sem.clone(),
+                cancel: self.cancel.clone(),
+                failure: self.failure.clone(),
+                counts: self.counts.clone(),
+            };
+            self.tracker.spawn(g.run(self.tx.clone()));
             index += 1;
             self.admitted.store(index, Ordering::Relaxed);
             metrics::counter!("mtrl_rollout_groups_admitted_total").increment(1);
@@ -268,73 +331,180 @@ impl Scheduler {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn run_group(
+/// One admitted group with what its episodes share.
+struct GroupRun {
     index: u64,
     task: Task,
-    group_size: usize,
+    settings: RolloutSettings,
     envs: EnvFactory,
     cx: Arc<EpisodeContext>,
     sem: Arc<Semaphore>,
     cancel: CancellationToken,
-    tx: Sender<Group>,
     failure: Arc<Mutex<Option<RolloutError>>>,
-) {
-    let mut handles = Vec::with_capacity(group_size);
-    for sample in 0..group_size as u64 {
-        let (envs, cx, sem, cancel, task) = (
-            envs.clone(),
-            cx.clone(),
-            sem.clone(),
-            cancel.clone(),
-            task.clone(),
-        );
-        handles.push(tokio::spawn(async move {
-            let work = async {
-                let _permit = sem
-                    .acquire_owned()
-                    .await
-                    .map_err(|_| RolloutError::Cancelled)?;
-                let env = envs().map_err(|e| RolloutError::Env {
-                    task: task.id.clone(),
-                    message: e.to_string(),
-                })?;
-                run_episode(
-                    &cx,
-                    env,
-                    task,
-                    EpisodeId {
-                        group: index,
-                        sample,
-                    },
-                )
-                .await
-            };
-            tokio::select! {
-                _ = cancel.cancelled() => Err(RolloutError::Cancelled),
-                r = work => r,
+    counts: Arc<FaultCounters>,
+}
+
+impl GroupRun {
+    /// Runs the group (replacing it while an episode fails) and sends it to the learner.
+    async fn run(self, tx: Sender<Group>) {
+        let mut replacement = 0u32;
+        let trajs = loop {
+            match self.attempt_group(replacement).await {
+                Ok(trajs) => break trajs,
+                Err(RolloutError::Cancelled) => return,
+                Err(e) => {
+                    if let Some(stop) = self.too_many_errors(&e) {
+                        return fail(&self.failure, &self.cancel, stop);
+                    }
+                    if replacement as usize >= self.settings.max_retries {
+                        let e = RolloutError::Internal(format!(
+                            "group {} (task {}) failed {} times; last error: {e}",
+                            self.index,
+                            self.task.id,
+                            replacement + 1
+                        ));
+                        return fail(&self.failure, &self.cancel, e);
+                    }
+                    replacement += 1;
+                    self.counts.replaced.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!("mtrl_rollout_groups_replaced_total").increment(1);
+                }
             }
-        }));
+        };
+        // The channel holds (η + 1)·B groups, which the gate never exceeds; block off the
+        // runtime threads anyway in case a consumer is slow.
+        let item = (self.index, trajs);
+        if let Err(crossbeam_channel::TrySendError::Full(item)) = tx.try_send(item) {
+            let _ = tokio::task::spawn_blocking(move || tx.send(item)).await;
+        }
     }
-    let mut trajs = Vec::with_capacity(group_size);
-    for h in handles {
-        match h.await {
-            Ok(Ok(t)) => trajs.push(t),
-            Ok(Err(e)) => return fail(&failure, &cancel, e),
-            Err(e) => {
-                return fail(
-                    &failure,
-                    &cancel,
-                    RolloutError::Internal(format!("episode task: {e}")),
-                )
+
+    /// The run-stopping error once errored episodes exceed the allowed fraction.
+    fn too_many_errors(&self, last: &RolloutError) -> Option<RolloutError> {
+        let errored = self.counts.errored.load(Ordering::Relaxed);
+        let finished = self.counts.finished.load(Ordering::Relaxed);
+        let f = self.settings.max_failed_fraction;
+        let allowed = (f * (errored + finished) as f64).max(if f > 0.0 { 1.0 } else { 0.0 });
+        (errored as f64 > allowed).then(|| {
+            RolloutError::Internal(format!(
+                "{errored} of {} episodes failed after {} retries each, over                  rollout.max_failed_fraction = {f}; last error: {last}",
+                errored + finished,
+                self.settings.max_retries
+            ))
+        })
+    }
+
+    /// Every episode of the group; the first episode that fails all its attempts fails it.
+    async fn attempt_group(&self, replacement: u32) -> Result<Vec<Trajectory>> {
+        let mut handles = Vec::with_capacity(self.settings.group_size);
+        for sample in 0..self.settings.group_size as u64 {
+            let id = EpisodeId {
+                group: self.index,
+                sample,
+                attempt: 0,
+                replacement,
+            };
+            let ep = Episode {
+                id,
+                task: self.task.clone(),
+                envs: self.envs.clone(),
+                cx: self.cx.clone(),
+                timeout: self.settings.timeout,
+                max_retries: self.settings.max_retries,
+                counts: self.counts.clone(),
+            };
+            let (sem, cancel) = (self.sem.clone(), self.cancel.clone());
+            handles.push(tokio::spawn(async move {
+                let work = async {
+                    let _permit = sem
+                        .acquire_owned()
+                        .await
+                        .map_err(|_| RolloutError::Cancelled)?;
+                    ep.run().await
+                };
+                tokio::select! {
+                    _ = cancel.cancelled() => Err(RolloutError::Cancelled),
+                    r = work => r,
+                }
+            }));
+        }
+        let mut trajs = Vec::with_capacity(handles.len());
+        let mut first_err = None;
+        for h in handles {
+            match h.await {
+                Ok(Ok(t)) => trajs.push(t),
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(e) => {
+                    first_err.get_or_insert(RolloutError::Internal(format!("episode task: {e}")));
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(trajs),
+        }
+    }
+}
+
+/// One episode with its retries.
+struct Episode {
+    id: EpisodeId,
+    task: Task,
+    envs: EnvFactory,
+    cx: Arc<EpisodeContext>,
+    timeout: Option<Duration>,
+    max_retries: usize,
+    counts: Arc<FaultCounters>,
+}
+
+impl Episode {
+    async fn run(mut self) -> Result<Trajectory> {
+        loop {
+            let r = self.attempt().await;
+            match r {
+                Ok(t) => {
+                    self.counts.finished.fetch_add(1, Ordering::Relaxed);
+                    return Ok(t);
+                }
+                Err(RolloutError::Cancelled) => return Err(RolloutError::Cancelled),
+                // The engine is gone: retrying cannot help.
+                Err(RolloutError::EngineStopped) => return Err(RolloutError::EngineStopped),
+                Err(e) if self.id.attempt as usize >= self.max_retries => {
+                    self.counts.errored.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!("mtrl_rollout_episodes_errored_total").increment(1);
+                    return Err(e);
+                }
+                Err(_) => {
+                    self.id.attempt += 1;
+                    self.counts.retries.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!("mtrl_rollout_episode_retries_total").increment(1);
+                }
             }
         }
     }
-    // The channel holds (η + 1)·B groups, which the gate never exceeds; block off the runtime
-    // threads anyway in case a consumer is slow.
-    let item = (index, trajs);
-    if let Err(crossbeam_channel::TrySendError::Full(item)) = tx.try_send(item) {
-        let _ = tokio::task::spawn_blocking(move || tx.send(item)).await;
+
+    async fn attempt(&self) -> Result<Trajectory> {
+        let env = (self.envs)().map_err(|e| RolloutError::Env {
+            task: self.task.id.clone(),
+            message: e.to_string(),
+        })?;
+        let work = run_episode(&self.cx, env, self.task.clone(), self.id);
+        match self.timeout {
+            None => work.await,
+            Some(limit) => match tokio::time::timeout(limit, work).await {
+                Ok(r) => r,
+                Err(_) => {
+                    self.counts.timeouts.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!("mtrl_rollout_episode_timeouts_total").increment(1);
+                    Err(RolloutError::Timeout {
+                        task: self.task.id.clone(),
+                        seconds: limit.as_secs_f64(),
+                    })
+                }
+            },
+        }
     }
 }
 
@@ -347,6 +517,11 @@ pub struct InOrder {
 }
 
 impl InOrder {
+    /// Groups received and not yet handed out.
+    pub fn buffered(&self) -> usize {
+        self.buffer.len()
+    }
+
     /// `next` is the index of the first group of the next batch.
     pub fn new(rx: Receiver<Group>, next: u64) -> InOrder {
         InOrder {

@@ -13,7 +13,7 @@ use mtrl_core::ChatCodec;
 use mtrl_env::{EnvError, Task};
 use mtrl_model::{Engine, Policy, SamplingParams, TemplateCodec, Tokenizer};
 use mtrl_rollout::{
-    EnvFactory, InOrder, PickEnv, Rollout, RolloutError, RolloutSettings, TaskSource,
+    EnvFactory, Faults, InOrder, PickEnv, Rollout, RolloutError, RolloutSettings, TaskSource,
 };
 
 fn fixture() -> PathBuf {
@@ -42,6 +42,15 @@ fn tasks() -> Vec<Task> {
 }
 
 fn start(staleness: u64, envs: Option<EnvFactory>) -> (tokio::runtime::Runtime, Rollout, InOrder) {
+    start_with(staleness, envs, "", None)
+}
+
+fn start_with(
+    staleness: u64,
+    envs: Option<EnvFactory>,
+    faults: &str,
+    timeout: Option<Duration>,
+) -> (tokio::runtime::Runtime, Rollout, InOrder) {
     let policy = Policy::load(&fixture(), DType::F32, &Device::Cpu).unwrap();
     let tok = Arc::new(Tokenizer::from_dir(&fixture()).unwrap());
     let codec: Arc<dyn ChatCodec> = Arc::new(TemplateCodec::qwen(tok).unwrap());
@@ -66,6 +75,10 @@ fn start(staleness: u64, envs: Option<EnvFactory>) -> (tokio::runtime::Runtime, 
         first_group: 0,
         version: 0,
         end_group: None,
+        timeout,
+        max_retries: 3,
+        max_failed_fraction: 0.1,
+        faults: Arc::new(Faults::parse(faults, 7).unwrap()),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -126,7 +139,7 @@ fn synchronous_gate_and_weight_pickup() {
         .iter()
         .map(|(n, v)| (n.clone(), v.as_tensor().copy().unwrap()))
         .collect();
-    r.publish(1, weights).unwrap();
+    r.publish(1, weights, Duration::from_secs(30)).unwrap();
     let b1 = batches
         .next_batch(2, Duration::from_secs(30))
         .unwrap()
@@ -171,4 +184,48 @@ fn environment_errors_stop_rollouts_and_name_the_task() {
     assert!(msg.contains("no environment today"), "{msg}");
     let err = rt.block_on(r.shutdown()).unwrap_err().to_string();
     assert!(err.contains("no environment today"), "{err}");
+}
+
+#[test]
+fn injected_faults_are_retried_and_counted() {
+    // 30 % of environment steps fail: retries (same seeds) get every episode through.
+    let (rt, r, mut batches) = start_with(1, None, "tool_error:0.3", None);
+    let b = batches
+        .next_batch(4, Duration::from_secs(60))
+        .unwrap()
+        .unwrap();
+    assert_eq!(b.len(), 4);
+    assert!(b.iter().all(|g| g.len() == 3));
+    let c = r.counters();
+    assert!(
+        c.faults[0] > 0 && c.retries >= c.faults[0] - 3 * c.errored_episodes,
+        "{c:?}"
+    );
+    assert_eq!(c.faults[1..], [0, 0]);
+    assert!(r.failure().is_none());
+    rt.block_on(r.shutdown()).unwrap();
+}
+
+#[test]
+fn episodes_past_the_timeout_fail_the_run_naming_the_cause() {
+    // Every step stalls 300 ms against a 100 ms limit: all attempts time out.
+    let (rt, r, mut batches) = start_with(
+        0,
+        None,
+        "slow_tool:1.0:0.3",
+        Some(Duration::from_millis(100)),
+    );
+    let got = batches.next_batch(2, Duration::from_secs(20));
+    assert!(
+        matches!(got, Ok(None) | Err(RolloutError::Stopped)),
+        "{got:?}"
+    );
+    let c = r.counters();
+    assert!(c.timeouts >= 4 && c.retries >= 3, "{c:?}");
+    let msg = r.failure().unwrap().to_string();
+    assert!(
+        msg.contains("rollout.timeout_s") && msg.contains("max_failed_fraction"),
+        "{msg}"
+    );
+    assert!(rt.block_on(r.shutdown()).is_err());
 }

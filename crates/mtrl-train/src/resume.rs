@@ -174,22 +174,27 @@ pub fn clear_run(cfg: &Config, mgr: &CheckpointManager) -> Result<()> {
     Ok(())
 }
 
-/// Writes a checkpoint of the learner with the data cursor of `shadow` (the mixer state after
-/// the trained batches).
+/// Fills the trainer state's data cursor (that of `shadow`, the mixer state after the trained
+/// batches) and RNG note before a checkpoint.
+pub fn fill_state(state: &mut TrainerState, shadow: &mtrl_env::Mixer) -> Result<()> {
+    state.data_cursor = serde_json::to_value(shadow.cursor())?;
+    state.rng = json!({
+        "sampling": "per generation: mtrl_core::rng::sample_seed(train.seed, group, sample, turn)",
+        "data": "dataset cursor",
+    });
+    Ok(())
+}
+
+/// Writes a checkpoint of the learner on this thread.
 pub fn save(
     mgr: &CheckpointManager,
     learner: &Learner,
     state: &mut TrainerState,
     shadow: &mtrl_env::Mixer,
     dtype: candle_core::DType,
-) -> Result<()> {
-    state.data_cursor = serde_json::to_value(shadow.cursor())?;
-    state.rng = json!({
-        "sampling": "per generation: mtrl_core::rng::sample_seed(train.seed, group, sample, turn)",
-        "data": "dataset cursor",
-    });
-    mgr.save(&learner.policy, dtype, &learner.opt, state)?;
-    Ok(())
+) -> Result<std::path::PathBuf> {
+    fill_state(state, shadow)?;
+    Ok(mgr.save(&learner.policy, dtype, &learner.opt, state)?)
 }
 
 #[cfg(test)]

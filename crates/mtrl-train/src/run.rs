@@ -28,6 +28,7 @@ use mtrl_model::{Engine, Policy, SamplingParams};
 use mtrl_rollout::{InOrder, Rollout, RolloutError, RolloutSettings};
 use serde_json::{json, Value};
 
+use crate::bail;
 use crate::error::{Context, Result, TrainError};
 use crate::resume::{self, metrics_path};
 use crate::setup::{self, ModelParts};
@@ -35,6 +36,9 @@ use crate::step_record::{step_record, Timing};
 use crate::telemetry::{JsonlSink, MlflowSink, ProgressSink, PrometheusSink, Record, RunStatus};
 use crate::telemetry::{Sink, Telemetry};
 use crate::validate::{write_best, Best, Validator};
+use mtrl_learner::checkpoint_writer::Then;
+use mtrl_learner::{CheckpointJob, CheckpointWriter, LearnerError};
+use mtrl_rollout::{Faults, FAULTS_VAR};
 
 /// How to run: what the command line says, without its types.
 pub struct TrainOptions {
@@ -172,6 +176,11 @@ fn start(
     state.step = st.step;
     state.policy_version = st.policy_version;
     state.metrics = st.metrics;
+    // `best.json` follows the checkpoint (a kill may have come between the two writes).
+    if let Some(best) = &st.best {
+        crate::validate::write_best(&cfg.checkpoint.dir, best)?;
+    }
+    state.best = st.best;
     let s = Start {
         state,
         shadow,
@@ -211,6 +220,7 @@ fn rollout_settings(
     step: u64,
     version: u64,
     until: u64,
+    faults: Arc<Faults>,
 ) -> RolloutSettings {
     let b = cfg.train.global_batch_size;
     RolloutSettings {
@@ -229,6 +239,10 @@ fn rollout_settings(
         first_group: step * b as u64,
         version,
         end_group: Some(until * b as u64),
+        timeout: cfg.rollout.timeout_s.map(Duration::from_secs_f64),
+        max_retries: cfg.rollout.max_retries,
+        max_failed_fraction: cfg.rollout.max_failed_fraction,
+        faults,
     }
 }
 
@@ -242,6 +256,10 @@ pub fn train(cfg: &Config, mut opts: TrainOptions) -> Result<Summary> {
     let mgr = CheckpointManager::new(&cfg.checkpoint.dir, cfg.checkpoint.keep_last);
     if opts.fresh {
         resume::clear_run(cfg, &mgr)?;
+    }
+    let cleaned = mgr.clean_stale()?;
+    if cleaned > 0 {
+        eprintln!("removed {cleaned} unfinished checkpoint folder(s) of an interrupted save");
     }
     let (latest, rejected) = mgr.latest_valid()?;
     for r in &rejected {
@@ -270,6 +288,12 @@ pub fn train(cfg: &Config, mut opts: TrainOptions) -> Result<Summary> {
         t_start,
         until,
         records: Vec::new(),
+        writer: cfg
+            .checkpoint
+            .background
+            .then(|| CheckpointWriter::spawn(mgr.clone()))
+            .transpose()?,
+        checkpoint_s: 0.0,
     };
     let out = run.go(&data, mixer, &opts, &mut telemetry);
     let status = match &out {
@@ -306,6 +330,10 @@ struct Loop<'a> {
     t_start: Instant,
     until: u64,
     records: Vec<StepRecord>,
+    /// The background checkpoint writer (`[checkpoint] background`).
+    writer: Option<CheckpointWriter>,
+    /// Learner seconds spent on checkpoints since the last record.
+    checkpoint_s: f64,
 }
 
 impl Loop<'_> {
@@ -341,7 +369,14 @@ impl Loop<'_> {
             watch_signals(&rt, opts.stop.clone());
         }
         let (step, version) = (self.start.state.step, self.learner.version());
-        let settings = rollout_settings(cfg, self.parts, step, version, self.until);
+        let faults = Arc::new(Faults::from_env(cfg.train.seed)?);
+        if faults.active() {
+            eprintln!(
+                "fault injection on: {}",
+                std::env::var(FAULTS_VAR).unwrap_or_default()
+            );
+        }
+        let settings = rollout_settings(cfg, self.parts, step, version, self.until, faults);
         let first_group = settings.first_group;
         let (rollout, rx) = Rollout::start(engine, envs, Box::new(mixer), settings, rt.handle())?;
         let mut batches = InOrder::new(rx, first_group);
@@ -350,7 +385,10 @@ impl Loop<'_> {
             .trajectories
             .then(|| {
                 let o = mtrl_eval::LogOptions::from_config(&cfg.logging);
-                mtrl_eval::TrajectoryLog::open(&cfg.checkpoint.dir.join("trajectories"), o)
+                let dir = cfg.checkpoint.dir.join("trajectories");
+                // Records of steps after the checkpoint are written again by this run.
+                mtrl_eval::trajlog::truncate_after(&dir, step)?;
+                mtrl_eval::TrajectoryLog::open(&dir, o)
             })
             .transpose()?;
         let mut last_saved = self.start.state.step;
@@ -376,14 +414,46 @@ impl Loop<'_> {
         }
         let st = self.start.state.step;
         if st > last_saved || self.start.resumed_from.is_none() && st == 0 {
-            self.save()?;
+            self.save(None)?;
         }
+        self.flush()?;
         Ok(interrupted)
     }
 
-    fn save(&mut self) -> Result<()> {
+    /// Writes a checkpoint of the current state — on the background writer when
+    /// `[checkpoint] background` (the learner only copies the tensors), else here — then runs
+    /// `then` with its folder. The learner's time spent here goes into the next record.
+    fn save(&mut self, then: Option<Then>) -> Result<()> {
+        let t0 = Instant::now();
         let (s, dtype) = (&mut self.start, self.parts.dtype);
-        resume::save(self.mgr, &self.learner, &mut s.state, &s.shadow, dtype)
+        match &mut self.writer {
+            Some(w) => {
+                resume::fill_state(&mut s.state, &s.shadow)?;
+                w.submit(CheckpointJob {
+                    policy: self.learner.policy.snapshot()?,
+                    dtype,
+                    opt: self.learner.opt.snapshot()?,
+                    state: s.state.clone(),
+                    then,
+                })?;
+            }
+            None => {
+                let p = resume::save(self.mgr, &self.learner, &mut s.state, &s.shadow, dtype)?;
+                if let Some(f) = then {
+                    f(&p)?;
+                }
+            }
+        }
+        self.checkpoint_s += t0.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// Waits for the background writer (end of the run).
+    fn flush(&mut self) -> Result<()> {
+        if let Some(w) = &mut self.writer {
+            w.flush()?;
+        }
+        Ok(())
     }
 
     /// Validates after the current step when due, writing the figures into `rec`; returns the
@@ -428,16 +498,20 @@ impl Loop<'_> {
         validator: Option<(&Validator, &tokio::runtime::Runtime)>,
     ) -> Result<bool> {
         let b = self.cfg.train.global_batch_size;
+        let mut prev: Option<mtrl_rollout::RolloutCounters> = None;
         while self.start.state.step < self.until {
             let t_wait = Instant::now();
-            let before = rollout.counters();
-            let Some(batch) = next_batch(rollout, batches, b, stop)? else {
+            // Contiguous windows: the first starts with the rollouts, so that nothing they count
+            // (faults, retries, tokens) falls outside every step's record.
+            let before = prev.unwrap_or_default();
+            let Some(batch) = next_batch(rollout, batches, b, stop, stuck_after(self.cfg))? else {
                 return Ok(true);
             };
             let wait_s = t_wait.elapsed().as_secs_f64();
             let m = self.learner.step(&batch)?;
             let t_pub = Instant::now();
-            rollout.publish(self.learner.version(), self.learner.weights()?)?;
+            let wait = stuck_after(self.cfg);
+            rollout.publish(self.learner.version(), self.learner.weights()?, wait)?;
             let publish_s = t_pub.elapsed().as_secs_f64();
             for _ in 0..b {
                 self.start.shadow.next_task();
@@ -455,7 +529,9 @@ impl Loop<'_> {
                 learn_wait_s: wait_s,
             };
             let after = rollout.counters();
+            prev = Some(after);
             let mut rec = step_record(state.step, &batch, &m, &before, &after, &timing);
+            rec.time_checkpoint_s = std::mem::take(&mut self.checkpoint_s);
             let best = match validator {
                 Some(v) => self.validate(v, &mut rec)?,
                 None => None,
@@ -465,15 +541,18 @@ impl Loop<'_> {
             if let Some(best) = best {
                 // A new best is checkpointed at once (its history holds this record).
                 self.start.state.best = Some(best.clone());
-                self.save()?;
-                write_best(&self.cfg.checkpoint.dir, &best)?;
+                let run = self.cfg.checkpoint.dir.clone();
+                let then: Then = Box::new(move |_| {
+                    write_best(&run, &best).map_err(|e| LearnerError::Invalid(e.to_string()))
+                });
+                self.save(Some(then))?;
                 *last_saved = step;
             }
             t.record(Record::Step(&rec))?;
             self.records.push(rec);
             let every = self.cfg.checkpoint.every_steps;
             if every > 0 && step.is_multiple_of(every) && *last_saved != step {
-                self.save()?;
+                self.save(None)?;
                 *last_saved = step;
             }
         }
@@ -481,13 +560,24 @@ impl Loop<'_> {
     }
 }
 
-/// The next batch of `b` groups, or `None` once `stop` is raised; a rollout failure is returned.
+/// How long the learner waits for rollouts that make no progress at all (no generated token, no
+/// finished group) before it calls them stuck: twice `rollout.timeout_s` (an episode attempt
+/// outliving it is stopped by the rollouts themselves), 20 minutes without one.
+fn stuck_after(cfg: &Config) -> Duration {
+    Duration::from_secs_f64(cfg.rollout.timeout_s.map_or(1200.0, |t| 2.0 * t))
+}
+
+/// The next batch of `b` groups, or `None` once `stop` is raised; a rollout failure is returned,
+/// and so is rollouts' making no progress for `stuck` (the engine thread is reported).
 fn next_batch(
     rollout: &Rollout,
     batches: &mut InOrder,
     b: usize,
     stop: &AtomicBool,
+    stuck: Duration,
 ) -> Result<Option<Vec<Vec<mtrl_core::Trajectory>>>> {
+    let mut progress = (rollout.counters().tokens, batches.buffered());
+    let mut since = Instant::now();
     loop {
         if stop.load(Ordering::SeqCst) {
             return Ok(None);
@@ -497,6 +587,21 @@ fn next_batch(
             Ok(None) => {
                 if let Some(e) = rollout.failure() {
                     return Err(e.into());
+                }
+                let now = (rollout.counters().tokens, batches.buffered());
+                if now != progress {
+                    (progress, since) = (now, Instant::now());
+                } else if since.elapsed() >= stuck {
+                    let c = rollout.counters();
+                    bail!(
+                        "rollouts are stuck: no token generated and no group finished for {:.0} s \
+                         (engine at version {}, {} groups admitted, {} buffered of the {b} the \
+                         learner waits for)",
+                        stuck.as_secs_f64(),
+                        c.engine_version,
+                        c.admitted,
+                        now.1
+                    );
                 }
             }
             Err(e) => return Err(rollout.failure().unwrap_or(e).into()),

@@ -102,6 +102,16 @@ pub fn step_record(
         prompt_tokens_prefilled: after.prefill_tokens - before.prefill_tokens,
         prompt_tokens_reused: after.reused_tokens - before.reused_tokens,
         learner_tokens_per_s: learner_tps,
+        episode_retries: after.retries - before.retries,
+        episode_timeouts: after.timeouts - before.timeouts,
+        episodes_errored: after.errored_episodes - before.errored_episodes,
+        groups_replaced: after.replaced_groups - before.replaced_groups,
+        faults_injected: mtrl_rollout::FaultKind::ALL
+            .iter()
+            .zip(after.faults.iter().zip(before.faults))
+            .filter(|(_, (a, b))| **a > *b)
+            .map(|(k, (a, b))| (k.as_str().to_string(), a - b))
+            .collect(),
         time_generate_s: gen_s,
         time_tools_s: tools_s,
         time_learn_s: m.learn_s,

@@ -139,6 +139,7 @@ impl Validator {
             seed: 0,
             stop_token_ids: self.stop_token_ids.clone(),
             stats: Arc::new(EnvStats::default()),
+            faults: Arc::new(mtrl_rollout::faults::Faults::none()),
         });
         let episodes = rt.block_on(self.episodes(cx));
         let shut = engine.shutdown();
@@ -158,10 +159,7 @@ impl Validator {
                     .await
                     .map_err(|_| TrainError::msg("validation was cancelled"))?;
                 let env = envs().with_context(|| format!("validation task `{}`", task.id))?;
-                let id = EpisodeId {
-                    group: i as u64,
-                    sample: 0,
-                };
+                let id = EpisodeId::new(i as u64, 0);
                 let t = run_episode(&cx, env, task.clone(), id)
                     .await
                     .with_context(|| format!("validation task `{}`", task.id))?;

@@ -5,6 +5,7 @@
 //! dir = "../runs/cranfield"   # default: runs/<name> next to the config's folder
 //! every_steps = 10            # 0 = only at the end and on Ctrl-C / SIGTERM
 //! keep_last = 3
+//! background = true           # written by a thread of their own while training goes on
 //! ```
 
 use std::path::PathBuf;
@@ -20,6 +21,7 @@ pub struct CheckpointSpec {
     pub dir: Option<String>,
     pub every_steps: Option<u64>,
     pub keep_last: Option<usize>,
+    pub background: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -27,6 +29,8 @@ pub struct CheckpointConfig {
     pub dir: PathBuf,
     pub every_steps: u64,
     pub keep_last: usize,
+    /// Checkpoints are written by a background thread (the learner only copies the tensors).
+    pub background: bool,
 }
 
 impl CheckpointSpec {
@@ -41,6 +45,7 @@ impl CheckpointSpec {
         Ok(CheckpointConfig {
             dir,
             every_steps: self.every_steps.unwrap_or(10),
+            background: self.background.unwrap_or(true),
             keep_last: ctx.range(
                 "checkpoint.keep_last",
                 self.keep_last.unwrap_or(3),
