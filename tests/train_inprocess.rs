@@ -164,3 +164,57 @@ fn validation_runs_during_training_and_keeps_the_best() {
     let written = mtrl_eval::plot::plot_run(&run, &run.join("plots")).unwrap();
     assert!(!written.is_empty());
 }
+
+/// A run configured with the managed service's names only (`[hyperparameters]`; `[model]`,
+/// `[data]` and the environment have no service name) trains, with those values.
+#[test]
+fn a_config_in_the_service_names_trains() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = train_common::fixtures();
+    let text = format!(
+        r#"[model]
+path = "random:tiny"
+tokenizer = "{tok}"
+[data]
+train = "{tasks}"
+validation_fraction = 0.0
+[rollout]
+environment = "pick"
+top_k = 16
+[checkpoint]
+dir = "{run}"
+[hyperparameters]
+global_batch_size = 2
+group_size = "4"
+advantage_method = "rloo"
+loss_fn = "cispo"
+clip_low_threshold = 0.8
+clip_high_threshold = 1.2
+temperature = 1.0
+learning_rate = "0.01"
+max_steps = 3
+rollout_max_concurrency = 4
+rollout_max_retries = 1
+async_config = {{ max_steps_off_policy = 0 }}
+"#,
+        tok = f.join("tiny-qwen3").display(),
+        tasks = f.join("pick/tasks.jsonl").display(),
+        run = dir.path().join("run").display(),
+    );
+    let p = dir.path().join("service.toml");
+    std::fs::write(&p, text).unwrap();
+    let cfg = mtrl_core::Config::load(&p).unwrap();
+    assert_eq!(
+        (
+            cfg.algorithm.loss.as_str(),
+            cfg.algorithm.advantage.as_str()
+        ),
+        ("cispo", "rloo")
+    );
+    let s = train(&cfg, TrainOptions::default()).unwrap();
+    assert_eq!(s.steps_done, 3);
+    for r in &s.records {
+        assert_eq!(r.sequences, 8, "2 prompts × 4 samples");
+        assert!(r.lr == 0.01 && r.grad_norm > 0.0 && r.staleness_counts == vec![8]);
+    }
+}

@@ -25,8 +25,11 @@ fn policy() -> Policy {
 
 const SHIFTS: [f32; 3] = [0.5, -0.5, 0.05];
 
+/// (advantage sign, log-ratio of each sampled token) of every trajectory.
+type Known = Vec<(f64, Vec<f32>)>;
+
 /// Two groups of three; sampled token k of a trajectory has log-ratio SHIFTS[k % 3].
-fn stale_batch(p: &Policy) -> (Vec<Vec<Trajectory>>, Vec<(f64, Vec<f32>)>) {
+fn stale_batch(p: &Policy) -> (Vec<Vec<Trajectory>>, Known) {
     let mut groups = Vec::new();
     let mut tokens = Vec::new();
     for g in 0..2u32 {

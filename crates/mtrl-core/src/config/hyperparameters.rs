@@ -24,7 +24,9 @@
 //! | `lora_rank`, `lora_alpha` | not in this build: an error naming the key |
 //!
 //! A key set both here and in its section is an error naming both; an unknown name or a value
-//! we do not support is an error naming the key, never ignored.
+//! we do not support is an error naming the key, never ignored. With this table present, the
+//! service's defaults fill what neither sets: clip thresholds 0.8 / 1.2 (PPO, CISPO) and an
+//! untruncated `importance_sampling` (`tis_cap = 0`).
 
 use serde::Deserialize;
 
@@ -420,6 +422,15 @@ impl HyperparametersSpec {
                 "success_threshold",
             )?;
         }
+        // The service's defaults where its names leave a knob of ours unset: ratio bounds
+        // 0.8 / 1.2, and an untruncated importance-sampling loss.
+        let loss = algo.loss.clone().unwrap_or_else(|| "ppo".into());
+        if loss == "is" {
+            algo.tis_cap.get_or_insert(0.0);
+        } else {
+            algo.clip_low.get_or_insert(0.2);
+            algo.clip_high.get_or_insert(0.2);
+        }
         Ok(log)
     }
 }
@@ -463,6 +474,12 @@ mod tests {
             (Some(30.0), 4)
         );
         assert_eq!(c.algorithm.max_staleness, 1);
+        // The service's IS loss is untruncated.
+        assert_eq!(c.algorithm.tis_cap, 0.0);
+        // Its PPO bounds default to 0.8 / 1.2 (ours to 0.8 / 1.28).
+        let c = load("[hyperparameters]\nloss_fn = 'ppo'\n").unwrap();
+        assert!((c.algorithm.clip_high - 0.2).abs() < 1e-12);
+        assert_eq!(load("").unwrap().algorithm.clip_high, 0.28);
 
         let c = load(
             "[hyperparameters]\nloss_fn = 'ppo'\nclip_low_threshold = 0.8\n\

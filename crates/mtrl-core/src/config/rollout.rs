@@ -125,7 +125,7 @@ impl RolloutSpec {
         };
         let timeout_s = match self.timeout_s {
             None => d.timeout_s,
-            Some(t) if t == 0.0 => None,
+            Some(0.0) => None,
             Some(t) if t.is_finite() && t > 0.0 => Some(t),
             Some(t) => return Err(ctx.invalid("rollout.timeout_s", format!("{t} is not >= 0"))),
         };
