@@ -56,6 +56,8 @@ pub struct StepRecord {
     /// Optimizer updates of the step (`ppo_mini_batches`, 0 when skipped).
     #[serde(default)]
     pub updates: u64,
+    /// Mean entropy of the whole next-token distribution at the trained tokens (not the sampled
+    /// tokens' negative log-prob).
     pub entropy: f64,
     pub kl: f64,
     pub grad_norm: f64,

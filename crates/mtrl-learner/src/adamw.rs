@@ -3,8 +3,12 @@
 //! Update at step t (PyTorch's formulation, so results match `torch.optim.AdamW` closely):
 //! p ← p·(1 − lr·wd); m ← β1·m + (1−β1)·g; v ← β2·v + (1−β2)·g²;
 //! p ← p − (lr / (1−β1ᵗ)) · m / (sqrt(v) / sqrt(1−β2ᵗ) + ε).
-//! Weight decay applies to every parameter (norms and biases included), as in the fixtures.
-//! A parameter without a gradient is skipped entirely (torch semantics).
+//! Weight decay applies to every parameter (norms and biases included, as `torch.optim.AdamW`
+//! with one parameter group and the fixtures) unless `decay_norms` / `decay_biases` /
+//! `decay_embeddings` exclude them (names holding `norm`, ending in `.bias`, or `embed_tokens` —
+//! the Hugging Face Trainer's convention excludes the first two). A parameter without a gradient is
+//! skipped entirely, and t counts *its own* updates (torch keeps `state["step"]` per parameter):
+//! one that missed steps gets the bias correction of the steps it took.
 //!
 //! Mixed precision: parameters stored in bf16/f16 get an f32 master copy here (created from the
 //! parameter at its first update). Moments are always f32. The update runs on the master in f32
@@ -30,6 +34,34 @@ pub struct AdamWConfig {
     pub beta2: f64,
     pub eps: f64,
     pub weight_decay: f64,
+    /// Decay RMSNorm weights (`…norm…`).
+    #[serde(default = "yes")]
+    pub decay_norms: bool,
+    /// Decay biases (`….bias`).
+    #[serde(default = "yes")]
+    pub decay_biases: bool,
+    /// Decay the token embedding (and a tied output head).
+    #[serde(default = "yes")]
+    pub decay_embeddings: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl AdamWConfig {
+    /// Whether `name` is weight-decayed.
+    pub fn decays(&self, name: &str) -> bool {
+        if name.contains("norm") {
+            self.decay_norms
+        } else if name.ends_with(".bias") {
+            self.decay_biases
+        } else if name.contains("embed_tokens") {
+            self.decay_embeddings
+        } else {
+            true
+        }
+    }
 }
 
 impl Default for AdamWConfig {
@@ -39,6 +71,9 @@ impl Default for AdamWConfig {
             beta2: 0.999,
             eps: 1e-8,
             weight_decay: 0.01,
+            decay_norms: true,
+            decay_biases: true,
+            decay_embeddings: true,
         }
     }
 }
@@ -52,11 +87,16 @@ struct Meta {
     /// Parameters with an f32 master copy (absent in files written before masters were listed).
     #[serde(default)]
     masters: Vec<String>,
+    /// Updates per parameter (absent in older files: every parameter took `step` updates).
+    #[serde(default)]
+    param_steps: BTreeMap<String, u64>,
 }
 
 pub struct AdamW {
     pub config: AdamWConfig,
     step: u64,
+    /// Updates of each parameter (torch's per-parameter `state["step"]`).
+    steps: BTreeMap<String, u64>,
     m: BTreeMap<String, Tensor>,
     v: BTreeMap<String, Tensor>,
     master: BTreeMap<String, Tensor>,
@@ -67,6 +107,7 @@ impl AdamW {
         AdamW {
             config,
             step: 0,
+            steps: BTreeMap::new(),
             m: BTreeMap::new(),
             v: BTreeMap::new(),
             master: BTreeMap::new(),
@@ -92,11 +133,16 @@ impl AdamW {
     ) -> Result<()> {
         self.step += 1;
         let c = self.config;
-        let t = self.step as i32;
-        let bc1 = 1.0 - c.beta1.powi(t);
-        let bc2_sqrt = (1.0 - c.beta2.powi(t)).sqrt();
         for (name, var) in params {
             let Some(g) = grads.get(name) else { continue };
+            let t = {
+                let n = self.steps.entry(name.clone()).or_insert(0);
+                *n += 1;
+                *n as i32
+            };
+            let bc1 = 1.0 - c.beta1.powi(t);
+            let bc2_sqrt = (1.0 - c.beta2.powi(t)).sqrt();
+            let wd = if c.decays(name) { c.weight_decay } else { 0.0 };
             if g.dims() != var.dims() {
                 return Err(LearnerError::Invalid(format!(
                     "gradient of `{name}` has shape {:?}, the parameter {:?}",
@@ -125,7 +171,7 @@ impl AdamW {
                     omb1: (1.0 - c.beta1) as f32,
                     b2: c.beta2 as f32,
                     omb2: (1.0 - c.beta2) as f32,
-                    decay: (1.0 - lr * c.weight_decay) as f32,
+                    decay: (1.0 - lr * wd) as f32,
                     inv_bc2: (1.0 / bc2_sqrt) as f32,
                     eps: c.eps as f32,
                     step: (lr / bc1) as f32,
@@ -147,7 +193,7 @@ impl AdamW {
                 Some(v) => ((v * c.beta2)? + (&g2 * (1.0 - c.beta2))?)?,
                 None => (&g2 * (1.0 - c.beta2))?,
             };
-            let p = (&p * (1.0 - lr * c.weight_decay))?;
+            let p = (&p * (1.0 - lr * wd))?;
             let denom = ((v.sqrt()? / bc2_sqrt)? + c.eps)?;
             let p = (p - (m.div(&denom)? * (lr / bc1))?)?;
             if var.dtype() == DType::F32 {
@@ -171,6 +217,7 @@ impl AdamW {
         let out = AdamW {
             config: self.config,
             step: self.step,
+            steps: self.steps.clone(),
             m: copy(&self.m)?,
             v: copy(&self.v)?,
             master: copy(&self.master)?,
@@ -201,6 +248,7 @@ impl AdamW {
             config: self.config,
             params: self.m.keys().cloned().collect(),
             masters: self.master.keys().cloned().collect(),
+            param_steps: self.steps.clone(),
         };
         let path = dir.join("optimizer.json");
         let text = serde_json::to_string_pretty(&meta)
@@ -232,6 +280,11 @@ impl AdamW {
         })?;
         let mut opt = AdamW::new(meta.config);
         opt.step = meta.step;
+        opt.steps = if meta.param_steps.is_empty() {
+            meta.params.iter().map(|p| (p.clone(), meta.step)).collect()
+        } else {
+            meta.param_steps.clone()
+        };
         for (k, t) in tensors {
             if let Some(n) = k.strip_prefix("m.") {
                 opt.m.insert(n.to_string(), t);
@@ -294,6 +347,58 @@ mod tests {
             opt.step(&params, &grads, lr).unwrap();
         }
         (opt, params)
+    }
+
+    #[test]
+    fn decay_exclusions_and_per_parameter_steps() {
+        let dev = Device::Cpu;
+        let one = || Var::from_tensor(&Tensor::ones(2, DType::F32, &dev).unwrap()).unwrap();
+        let names = [
+            "model.norm.weight",
+            "q.bias",
+            "model.embed_tokens.weight",
+            "w",
+        ];
+        let params: BTreeMap<String, Var> = names.iter().map(|n| (n.to_string(), one())).collect();
+        let zero = Tensor::zeros(2, DType::F32, &dev).unwrap();
+        let grads: BTreeMap<String, Tensor> = names
+            .iter()
+            .map(|n| (n.to_string(), zero.clone()))
+            .collect();
+        let cfg = AdamWConfig {
+            weight_decay: 0.5,
+            decay_norms: false,
+            decay_biases: false,
+            decay_embeddings: false,
+            ..AdamWConfig::default()
+        };
+        // A zero gradient leaves only the decay: p·(1 − lr·wd) = 0.95 where it applies.
+        let mut opt = AdamW::new(cfg);
+        opt.step(&params, &grads, 0.1).unwrap();
+        for n in names {
+            let want = if n == "w" { 0.95 } else { 1.0 };
+            assert_eq!(scalars(params[n].as_tensor()), vec![want; 2], "{n}");
+        }
+        // `late` first gets a gradient at update 3: its first step is a first step (moved by
+        // lr · g / |g| = lr), not one bias-corrected for three.
+        let late = BTreeMap::from([("late".to_string(), one())]);
+        let mut opt = AdamW::new(no_decay());
+        let none = BTreeMap::new();
+        opt.step(&late, &none, 0.1).unwrap();
+        opt.step(&late, &none, 0.1).unwrap();
+        let g = BTreeMap::from([(
+            "late".to_string(),
+            Tensor::ones(2, DType::F32, &dev).unwrap(),
+        )]);
+        opt.step(&late, &g, 0.1).unwrap();
+        for x in scalars(late["late"].as_tensor()) {
+            assert!((x - 0.9).abs() < 1e-6, "{x}");
+        }
+        let d = tempfile::tempdir().unwrap();
+        opt.save(d.path()).unwrap();
+        let back = AdamW::load(d.path(), &dev).unwrap();
+        assert_eq!((back.step, back.steps.clone()), (3, opt.steps.clone()));
+        assert_eq!(back.steps["late"], 1);
     }
 
     #[test]

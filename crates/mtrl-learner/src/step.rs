@@ -161,7 +161,8 @@ pub struct StepMetrics {
     pub updates: u64,
     /// Mean k3 KL to the reference (0 without one).
     pub kl: f64,
-    /// Mean negative log-prob of the trained tokens (an entropy estimate when on-policy).
+    /// Mean entropy of the whole next-token distribution (under the sampling temperature) at the
+    /// trained tokens' positions, taken at the forward that trains them.
     pub entropy: f64,
     pub dropped_stale: u64,
     pub empty: u64,
@@ -300,7 +301,7 @@ impl Learner {
         };
         m.sampler_gap = total.gap_sum / tokens;
         m.kl = total.kl_sum / tokens;
-        m.entropy = total.nll_sum / tokens;
+        m.entropy = total.entropy_sum / tokens;
         m.grad_norm = total.norm_sum / slices.len() as f64;
         m.learn_s = t0.elapsed().as_secs_f64();
         Ok(m)

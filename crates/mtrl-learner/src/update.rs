@@ -27,7 +27,7 @@ pub(crate) struct Totals {
     pub weight_sum: f64,
     pub gap_sum: f64,
     pub kl_sum: f64,
-    pub nll_sum: f64,
+    pub entropy_sum: f64,
     pub norm_sum: f64,
     pub micro_batches: u64,
     pub padded_tokens: u64,
@@ -41,7 +41,7 @@ impl Totals {
         self.weight_sum += o.weight_sum;
         self.gap_sum += o.gap_sum;
         self.kl_sum += o.kl_sum;
-        self.nll_sum += o.nll_sum;
+        self.entropy_sum += o.entropy_sum;
         self.norm_sum += o.norm_sum;
         self.micro_batches += o.micro_batches;
         self.padded_tokens += o.padded_tokens;
@@ -160,7 +160,7 @@ impl Learner {
             out.clipped += diag.0;
             out.weight_sum += diag.1;
             out.kl_sum += diag.2;
-            out.nll_sum -= masked_sum(&fwd.logprobs, &mb.mask)?;
+            out.entropy_sum += masked_sum(&fwd.entropy, &mb.mask)?;
             let gap = fwd
                 .logprobs
                 .to_dtype(DType::F32)?

@@ -95,6 +95,7 @@ fn step(kind: &str) -> (Policy, AdamW, HashMap<String, Tensor>, serde_json::Valu
         beta2: 0.999,
         eps: 1e-8,
         weight_decay: 0.01,
+        ..AdamWConfig::default()
     });
     opt.step(p.named_parameters(), &gmap, 1e-3).unwrap();
     (p, opt, g, meta)

@@ -15,7 +15,7 @@
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, Var, D};
 
-use crate::cpu::logits::{chunk_grads, dlogits, logits, lse_and_pick};
+use crate::cpu::logits::{chunk_grads, dlogits, logits, lse_pick_entropy};
 use crate::cpu::{self, uninit};
 use crate::error::{ModelError, Result};
 use crate::policy::Policy;
@@ -29,6 +29,9 @@ pub struct TokenLogprobs {
     pub logprobs: Tensor,
     /// `[b, t_len - 1]` f32, 1 where the log-prob is defined.
     pub valid_mask: Tensor,
+    /// `[b, t_len - 1]` f32, no graph: the entropy of the whole next-token distribution
+    /// `softmax(logits / T)` at each position (0 where invalid).
+    pub entropy: Tensor,
     hidden: Tensor,
     lm_head: Tensor,
     rows: Vec<u32>,
@@ -115,36 +118,41 @@ pub fn token_logprobs(
     };
     let chunk_rows = (chunk_cap / vocab.max(1)).max(1);
     let mut values = vec![0f32; b * (t - 1)];
+    let mut entropy = vec![0f32; b * (t - 1)];
     let inv_t = (1.0 / temperature) as f32;
     let mut chunks = Vec::new();
     let mut kept = 0usize;
     let mut start = 0;
     while start < rows.len() {
         let n = chunk_rows.min(rows.len() - start);
-        let picked = if fast {
+        let (picked, ent) = if fast {
             let z = logits(&hd.narrow(0, start, n)?, &wd)?;
-            let (lse, picked) = lse_and_pick(&z, &targets[start..start + n], inv_t)?;
+            let (lse, picked, ent) = lse_pick_entropy(&z, &targets[start..start + n], inv_t)?;
             let keep = differentiable && kept + n * vocab <= chunk_elems;
             if keep {
                 kept += n * vocab;
             }
             chunks.push((lse, keep.then_some(z)));
-            picked
+            (picked, ent)
         } else {
             let lsm = chunk_log_softmax(&hd.narrow(0, start, n)?, &wd, temperature)?;
             let tgt = Tensor::from_slice(&targets[start..start + n], (n, 1), &dev)?;
-            lsm.gather(&tgt, 1)?.squeeze(1)?.to_vec1::<f32>()?
+            let picked = lsm.gather(&tgt, 1)?.squeeze(1)?.to_vec1::<f32>()?;
+            let ent = (lsm.exp()? * &lsm)?.sum(1)?.neg()?.to_vec1::<f32>()?;
+            (picked, ent)
         };
-        for (i, v) in picked.into_iter().enumerate() {
+        for (i, (v, h)) in picked.into_iter().zip(ent).enumerate() {
             let r = rows[start + i] as usize;
             let (bi, ti) = (r / t, r % t);
             values[bi * (t - 1) + ti] = v;
+            entropy[bi * (t - 1) + ti] = h;
         }
         start += n;
     }
     Ok(TokenLogprobs {
         logprobs: Tensor::from_vec(values, (b, t - 1), &dev)?,
         valid_mask: Tensor::from_vec(valid, (b, t - 1), &dev)?,
+        entropy: Tensor::from_vec(entropy, (b, t - 1), &dev)?,
         hidden,
         lm_head,
         rows,

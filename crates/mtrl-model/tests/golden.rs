@@ -34,6 +34,29 @@ fn logits_and_logprobs(kind: &str, dev: &Device) {
                 "{kind} seq{i} logprobs diff {d} (differentiable {differentiable})"
             );
         }
+        // The entropy of the whole next-token distribution, against PyTorch's logits, at two
+        // temperatures (the CPU kernel computes it in the log-sum-exp pass).
+        let gl = &g[&format!("seq{i}.logits")];
+        let t = gl.dim(1).unwrap();
+        for temp in [1.0, 0.7] {
+            let lp = token_logprobs(&p, &ids, None, temp, false, 1000).unwrap();
+            let z = (gl
+                .narrow(1, 0, t - 1)
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap()
+                / temp)
+                .unwrap();
+            let lsm = candle_nn::ops::log_softmax(&z, 2).unwrap();
+            let h = (lsm.exp().unwrap() * &lsm)
+                .unwrap()
+                .sum(2)
+                .unwrap()
+                .neg()
+                .unwrap();
+            let d = max_abs_diff(&lp.entropy, &on(dev, &h), None);
+            assert!(d < 1e-4, "{kind} seq{i} entropy diff {d} at T = {temp}");
+        }
     }
     // right padding: positions 0..T-1
     let (ids, am) = (

@@ -106,6 +106,19 @@ impl Summary {
     }
 }
 
+/// `[train]`'s AdamW settings.
+fn adamw_config(cfg: &Config) -> AdamWConfig {
+    let ex = &cfg.train.weight_decay_exclude;
+    let keep = |c: &str| !ex.iter().any(|e| e == c);
+    AdamWConfig {
+        weight_decay: cfg.train.weight_decay,
+        decay_norms: keep("norms"),
+        decay_biases: keep("biases"),
+        decay_embeddings: keep("embeddings"),
+        ..AdamWConfig::default()
+    }
+}
+
 /// Where a run starts: a fresh policy and optimizer, or a checkpoint's.
 struct Start {
     state: TrainerState,
@@ -150,10 +163,7 @@ fn start(
     };
     let (mut shadow, mut mixer) = (data.mixer()?, data.mixer()?);
     let Some(ckpt) = latest else {
-        let opt = AdamW::new(AdamWConfig {
-            weight_decay: cfg.train.weight_decay,
-            ..AdamWConfig::default()
-        });
+        let opt = AdamW::new(adamw_config(cfg));
         let s = Start {
             state,
             shadow,
@@ -166,7 +176,9 @@ fn start(
     drop(initial);
     let policy = Policy::load(&ckpt.join("policy"), parts.dtype, &parts.device)
         .with_context(|| format!("loading the policy of {}", ckpt.display()))?;
-    let opt = AdamW::load(ckpt, &parts.device)?;
+    let mut opt = AdamW::load(ckpt, &parts.device)?;
+    // The config's decay settings act on a resumed run too (the moments come from the file).
+    opt.config = adamw_config(cfg);
     let cursor = serde_json::from_value(st.data_cursor.clone())
         .with_context(|| format!("the dataset cursor of {}", ckpt.display()))?;
     shadow.restore(cursor)?;

@@ -10,6 +10,7 @@
 //! lr_schedule = "constant"    # or "cosine" (to min_lr at the last step)
 //! min_lr = 0.0
 //! weight_decay = 0.01
+//! weight_decay_exclude = []   # any of "norms", "biases", "embeddings" (HF Trainer: the first two)
 //! grad_clip = 1.0             # 0 = off
 //! seed = 0
 //! micro_batch_tokens = 8192   # padded tokens per forward/backward
@@ -34,6 +35,7 @@ pub struct TrainSpec {
     pub lr_schedule: Option<String>,
     pub min_lr: Option<f64>,
     pub weight_decay: Option<f64>,
+    pub weight_decay_exclude: Option<Vec<String>>,
     pub grad_clip: Option<f64>,
     pub seed: Option<u64>,
     pub micro_batch_tokens: Option<usize>,
@@ -61,6 +63,8 @@ pub struct TrainConfig {
     pub lr_schedule: LrScheduleKind,
     pub min_lr: f64,
     pub weight_decay: f64,
+    /// Parameter kinds without weight decay (`norms`, `biases`, `embeddings`).
+    pub weight_decay_exclude: Vec<String>,
     /// 0 disables clipping.
     pub grad_clip: f64,
     pub seed: u64,
@@ -83,6 +87,7 @@ impl Default for TrainConfig {
             lr_schedule: LrScheduleKind::Constant,
             min_lr: 0.0,
             weight_decay: 0.01,
+            weight_decay_exclude: Vec::new(),
             grad_clip: 1.0,
             seed: 0,
             micro_batch_tokens: 8192,
@@ -114,6 +119,22 @@ impl TrainSpec {
                 ))
             }
         };
+        let exclude = self.weight_decay_exclude.unwrap_or_default();
+        if let Some(bad) = exclude
+            .iter()
+            .find(|e| !["norms", "biases", "embeddings"].contains(&e.as_str()))
+        {
+            return Err(ctx.invalid(
+                "train.weight_decay_exclude",
+                format!("`{bad}` is not norms, biases or embeddings"),
+            ));
+        }
+        if !exclude.is_empty() && self.weight_decay == Some(0.0) {
+            return Err(ctx.invalid(
+                "train.weight_decay_exclude",
+                "acts only with train.weight_decay > 0",
+            ));
+        }
         let val_every = self.val_every.unwrap_or(0);
         let metric_set = self.val_metric.is_some();
         let val_metric = self.val_metric.unwrap_or_else(|| d.val_metric.clone());
@@ -132,6 +153,7 @@ impl TrainSpec {
             }
         }
         Ok(TrainConfig {
+            weight_decay_exclude: exclude,
             val_every,
             val_tasks: self.val_tasks.unwrap_or(0),
             val_metric,
@@ -240,6 +262,15 @@ mod tests {
                 "train.global_batch_size",
             ),
             ("[train]\nlr_schedule = 'step'\n", "train.lr_schedule"),
+            (
+                "[train]\nweight_decay_exclude = ['heads']\n",
+                "train.weight_decay_exclude",
+            ),
+            (
+                "[train]\nweight_decay = 0.0\nweight_decay_exclude = ['norms']\n",
+                "train.weight_decay_exclude",
+            ),
+            ("[train]\nval_metric = 'val_reward'\n", "train.val_metric"),
             ("[checkpoint]\nkeep_last = 0\n", "checkpoint.keep_last"),
             ("[logging]\nprometheus = 'nowhere'\n", "logging.prometheus"),
         ] {

@@ -8,35 +8,42 @@ use super::gemm::{gemm_par, uninit, View};
 use super::pool::{for_rows, par_rows};
 use super::storage::with1;
 
-/// Row-wise `lse = logsumexp(z / T)` and `z[target] / T - lse` of `z` `[n, vocab]` (CPU, f32).
-pub(crate) fn lse_and_pick(
+/// Row-wise `lse = logsumexp(z / T)`, `z[target] / T - lse` and the entropy of `softmax(z / T)`
+/// of `z` `[n, vocab]` (CPU, f32), in one pass: with `e_j = exp(z_j / T − m)` and `S = Σ e_j`,
+/// `H = lse − Σ e_j (z_j / T) / S`.
+pub(crate) fn lse_pick_entropy(
     z: &Tensor,
     targets: &[u32],
     inv_t: f32,
-) -> Result<(Vec<f32>, Vec<f32>)> {
+) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
     let vocab = z.dim(1)?;
     with1(z, |z| {
-        // Row r: [lse, picked], filled in parallel.
-        let mut pairs = vec![0f32; 2 * targets.len()];
-        for_rows(&mut pairs, 2, 64, |r, o| {
+        // Row r: [lse, picked, entropy], filled in parallel.
+        let mut out = vec![0f32; 3 * targets.len()];
+        for_rows(&mut out, 3, 64, |r, o| {
             let row = &z[r * vocab..][..vocab];
             let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) * inv_t;
             let mut buf = [0f32; 1024];
-            let mut sum = 0f32;
+            let (mut sum, mut ez) = (0f32, 0f32);
             for part in row.chunks(buf.len()) {
                 let b = &mut buf[..part.len()];
                 for (be, &x) in b.iter_mut().zip(part) {
                     *be = x * inv_t - m;
                 }
                 sum += super::vexp::exp_sum_inplace(b);
+                ez += b
+                    .iter()
+                    .zip(part)
+                    .map(|(e, &x)| e * (x * inv_t))
+                    .sum::<f32>();
             }
             let l = m + sum.ln();
             o[0] = l;
             o[1] = row[targets[r] as usize] * inv_t - l;
+            o[2] = (l - ez / sum).max(0.0);
         });
-        let lse = pairs.iter().step_by(2).copied().collect();
-        let picked = pairs.iter().skip(1).step_by(2).copied().collect();
-        (lse, picked)
+        let col = |k: usize| out.iter().skip(k).step_by(3).copied().collect::<Vec<f32>>();
+        (col(0), col(1), col(2))
     })
 }
 
