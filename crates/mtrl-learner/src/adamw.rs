@@ -208,11 +208,19 @@ impl AdamW {
         Ok(())
     }
 
-    /// A copy whose tensors later updates do not touch (copied on the device, finished before
-    /// this returns), for a background checkpoint writer.
+    /// A copy whose tensors later updates do not touch, in host memory (GPU state is copied to
+    /// the host, finished before this returns), for a background checkpoint writer.
     pub fn snapshot(&self) -> Result<AdamW> {
         let copy = |m: &BTreeMap<String, Tensor>| -> Result<BTreeMap<String, Tensor>> {
-            m.iter().map(|(k, t)| Ok((k.clone(), t.copy()?))).collect()
+            m.iter()
+                .map(|(k, t)| {
+                    let t = match t.device() {
+                        candle_core::Device::Cpu => t.copy()?,
+                        _ => t.to_device(&candle_core::Device::Cpu)?,
+                    };
+                    Ok((k.clone(), t))
+                })
+                .collect()
         };
         let out = AdamW {
             config: self.config,

@@ -290,9 +290,10 @@ impl Policy {
         self.view(false)?.save(dir, dtype)
     }
 
-    /// What [`Policy::save`] writes, as a copy the policy's later updates do not touch (the
-    /// weights are copied on the device and finished before this returns): a background writer
-    /// saves it while training goes on.
+    /// What [`Policy::save`] writes, as a copy the policy's later updates do not touch, in host
+    /// memory (a GPU policy's weights are copied to the host, so a checkpoint in flight costs no
+    /// device memory; finished before this returns): a background writer saves it while
+    /// training goes on.
     pub fn snapshot(&self) -> Result<PolicySnapshot> {
         let s = self.view(true)?;
         self.device.synchronize()?;
@@ -308,7 +309,12 @@ impl Policy {
         let mut tensors = BTreeMap::new();
         for (n, v) in &self.vars {
             let t = v.as_tensor().detach();
-            tensors.insert(n.clone(), if copy { t.copy()? } else { t });
+            let t = match (copy, &self.device) {
+                (false, _) => t,
+                (true, Device::Cpu) => t.copy()?,
+                (true, _) => t.to_device(&Device::Cpu)?,
+            };
+            tensors.insert(n.clone(), t);
         }
         Ok(PolicySnapshot {
             tensors,

@@ -192,4 +192,15 @@ fn step_series(r: &StepRecord) {
     metrics::gauge!("mtrl_train_kl").set(r.kl);
     metrics::gauge!("mtrl_train_grad_norm").set(r.grad_norm);
     metrics::gauge!("mtrl_train_lr").set(r.lr);
+    metrics::histogram!("mtrl_train_checkpoint_stall_seconds").record(r.time_checkpoint_s);
+    for (name, v) in [
+        ("mtrl_train_val_reward", r.val_reward_mean),
+        ("mtrl_train_val_ndcg_at_10", r.val_ndcg_at_10),
+        ("mtrl_train_val_failure_rate", r.val_failure_rate),
+        ("mtrl_train_val_turns", r.val_turns_mean),
+    ] {
+        if let Some(v) = v {
+            metrics::gauge!(name).set(v);
+        }
+    }
 }
