@@ -60,6 +60,8 @@ enum BenchCommand {
     Engine(cmd::bench_engine::BenchEngineArgs),
     /// The same short training run with several staleness bounds η, side by side.
     Train(cmd::bench_train::BenchTrainArgs),
+    /// The learner's stall per checkpoint, written on its thread and in the background.
+    Checkpoint(cmd::bench_train::BenchCheckpointArgs),
 }
 
 fn main() {
@@ -84,6 +86,7 @@ fn main() {
         Some(Command::Bench(BenchCommand::Model(a))) => cmd::bench_model::run(&a),
         Some(Command::Bench(BenchCommand::Engine(a))) => cmd::bench_engine::run(&a),
         Some(Command::Bench(BenchCommand::Train(a))) => cmd::bench_train::run(&a),
+        Some(Command::Bench(BenchCommand::Checkpoint(a))) => cmd::bench_train::run_checkpoint(&a),
     };
     if let Err(err) = result {
         eprintln!("error: {err}");

@@ -20,6 +20,28 @@ pub struct BenchTrainArgs {
     pub staleness: Vec<u64>,
 }
 
+#[derive(clap::Args, Debug)]
+pub struct BenchCheckpointArgs {
+    /// A training config ([checkpoint] every_steps, keep_last and background are overridden;
+    /// the runs go to `<checkpoint.dir>/bench-background-{false,true}`).
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Steps per run.
+    #[arg(long, default_value_t = 8)]
+    pub steps: u64,
+    /// A checkpoint every this many steps.
+    #[arg(long, default_value_t = 2)]
+    pub every: u64,
+}
+
+/// `mtrl bench checkpoint`: the learner's stall per checkpoint, on the learner thread and with the
+/// background writer, as JSON.
+pub fn run_checkpoint(args: &BenchCheckpointArgs) -> Result<()> {
+    let cfg = mtrl_core::Config::load(&args.config)?;
+    let out = mtrl_train::bench_train::bench_checkpoint(&cfg, args.steps, args.every)?;
+    print_pretty(&out)
+}
+
 pub fn run(args: &BenchTrainArgs) -> Result<()> {
     let cfg = mtrl_core::Config::load(&args.config)?;
     let out = mtrl_train::bench_train::bench_staleness(&cfg, args.steps, &args.staleness)?;
