@@ -35,6 +35,7 @@ top_k = 16
 max_staleness = 0
 [train]
 global_batch_size = 2
+max_epochs = 8
 lr = 0.001
 [checkpoint]
 dir = "{work}/run"

@@ -72,7 +72,10 @@ pub fn bench_checkpoint(base: &Config, steps: u64, every: u64) -> Result<Vec<Val
     let mut out = Vec::new();
     for background in [false, true] {
         let mut cfg = base.clone();
-        cfg.checkpoint.dir = base.checkpoint.dir.join(format!("bench-background-{background}"));
+        cfg.checkpoint.dir = base
+            .checkpoint
+            .dir
+            .join(format!("bench-background-{background}"));
         cfg.checkpoint.every_steps = every.max(1);
         cfg.checkpoint.keep_last = 1;
         cfg.checkpoint.background = background;
