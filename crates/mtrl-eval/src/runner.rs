@@ -62,8 +62,10 @@ fn episode_error(model: &str, benchmark: &str, e: impl std::fmt::Display) -> Eva
     }
 }
 
-/// Runs `per_task` episodes of every task concurrently; returns them by task, in sample order.
-async fn run_all(
+/// Runs `per_task` episodes of every task concurrently (at most `max_concurrency` at once);
+/// returns them by task, in sample order. The first error aborts the rest. Training's validation
+/// pass runs its greedy episodes through this too.
+pub async fn run_all(
     cx: Arc<EpisodeContext>,
     envs: EnvFactory,
     tasks: &[Task],

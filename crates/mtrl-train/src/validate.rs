@@ -2,8 +2,9 @@
 //! (temperature 0) on the validation tasks — the same environment, budgets and reward as the
 //! training episodes — in an engine of its own, while the training rollouts go on.
 //!
-//! Figures: `val_reward_mean`, `val_ndcg@10` (0 for episodes without that score), `val_fail_rate`
-//! and `val_turns_mean`, written into the step's record (so they reach `metrics.jsonl`, MLflow,
+//! Episodes run through the evaluation runner (`mtrl_eval::runner::run_all`). Figures:
+//! `val_reward_mean`, `val_ndcg@10` (as evaluation counts it: 0 for failed episodes),
+//! `val_fail_rate` and `val_turns_mean`, written into the step's record (so they reach `metrics.jsonl`, MLflow,
 //! Prometheus and `mtrl plot`). The best step by `train.val_metric` is kept: its checkpoint is
 //! written at once, spared by `keep_last` rotation, and named by `best.json` in the run folder
 //! (`mtrl eval --model best`).
@@ -16,12 +17,11 @@ use std::sync::Arc;
 
 use mtrl_core::{Config, StepRecord, Trajectory};
 use mtrl_env::Task;
+use mtrl_eval::report::ndcg_at_10;
 use mtrl_model::{Engine, EngineOptions, Policy, SamplingParams};
 use mtrl_rollout::engine_thread::EngineThread;
-use mtrl_rollout::episode::{run_episode, EnvStats, EpisodeContext, EpisodeId};
+use mtrl_rollout::episode::{EnvStats, EpisodeContext};
 use mtrl_rollout::EnvFactory;
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
 
 use crate::bail;
 use crate::error::{Context, Result, TrainError};
@@ -40,15 +40,9 @@ pub struct ValFigures {
 impl ValFigures {
     pub fn of(episodes: &[Trajectory]) -> ValFigures {
         let n = episodes.len().max(1) as f64;
-        let ndcg = |t: &Trajectory| {
-            t.scores
-                .iter()
-                .find(|(k, _)| k == "ndcg@10")
-                .map_or(0.0, |(_, v)| *v)
-        };
         ValFigures {
             reward_mean: episodes.iter().map(|t| t.reward).sum::<f64>() / n,
-            ndcg_at_10: episodes.iter().map(ndcg).sum::<f64>() / n,
+            ndcg_at_10: episodes.iter().map(ndcg_at_10).sum::<f64>() / n,
             fail_rate: episodes.iter().filter(|t| t.failure.is_some()).count() as f64 / n,
             turns_mean: episodes.iter().map(|t| t.turns as f64).sum::<f64>() / n,
         }
@@ -141,38 +135,19 @@ impl Validator {
             stats: Arc::new(EnvStats::default()),
             faults: Arc::new(mtrl_rollout::faults::Faults::none()),
         });
-        let episodes = rt.block_on(self.episodes(cx));
+        let episodes = rt.block_on(mtrl_eval::runner::run_all(
+            cx,
+            self.envs.clone(),
+            &self.tasks,
+            1,
+            0,
+            0,
+            self.max_concurrency,
+        ));
         let shut = engine.shutdown();
-        let episodes = episodes?;
+        let episodes: Vec<Trajectory> = episodes?.into_iter().flatten().collect();
         shut?;
         Ok(ValFigures::of(&episodes))
-    }
-
-    async fn episodes(&self, cx: Arc<EpisodeContext>) -> Result<Vec<Trajectory>> {
-        let sem = Arc::new(Semaphore::new(self.max_concurrency.max(1)));
-        let mut set = JoinSet::new();
-        for (i, task) in self.tasks.iter().enumerate() {
-            let (cx, envs, sem, task) = (cx.clone(), self.envs.clone(), sem.clone(), task.clone());
-            set.spawn(async move {
-                let _permit = sem
-                    .acquire_owned()
-                    .await
-                    .map_err(|_| TrainError::msg("validation was cancelled"))?;
-                let env = envs().with_context(|| format!("validation task `{}`", task.id))?;
-                let id = EpisodeId::new(i as u64, 0);
-                let t = run_episode(&cx, env, task.clone(), id)
-                    .await
-                    .with_context(|| format!("validation task `{}`", task.id))?;
-                Ok::<_, TrainError>((i, t))
-            });
-        }
-        let mut out: Vec<Option<Trajectory>> = vec![None; self.tasks.len()];
-        while let Some(joined) = set.join_next().await {
-            let (i, t) =
-                joined.map_err(|e| TrainError::msg(format!("validation episode: {e}")))??;
-            out[i] = Some(t);
-        }
-        Ok(out.into_iter().flatten().collect())
     }
 }
 
