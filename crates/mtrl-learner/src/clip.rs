@@ -1,10 +1,12 @@
 //! Global gradient-norm clipping (torch `clip_grad_norm_` semantics): total = sqrt(Σ‖g‖²) over
 //! unique parameters (a tied embedding counts once, its gradient holding both uses), and every
-//! gradient is scaled by min(1, max_norm / (total + 1e-6)).
+//! gradient is scaled by min(1, max_norm / (total + 1e-6)). Also the accumulation of micro-batch
+//! gradients by parameter name that the RL update and the SFT step share.
 
 use std::collections::BTreeMap;
 
-use candle_core::{DType, Tensor};
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Tensor, Var};
 
 use crate::error::Result;
 
@@ -36,4 +38,32 @@ pub fn clip_global_norm(grads: &mut BTreeMap<String, Tensor>, max_norm: f64) -> 
         }
     }
     Ok((total, coef))
+}
+
+/// Adds the gradients `g` holds for `params` into `acc`, by parameter name, in f32.
+pub(crate) fn accumulate(
+    acc: &mut BTreeMap<String, Tensor>,
+    params: &BTreeMap<String, Var>,
+    g: &GradStore,
+) -> Result<()> {
+    for (name, var) in params {
+        if let Some(gr) = g.get(var.as_tensor()) {
+            let gr = gr.to_dtype(DType::F32)?;
+            let sum = match acc.remove(name) {
+                Some(prev) => (prev + gr)?,
+                None => gr,
+            };
+            acc.insert(name.clone(), sum);
+        }
+    }
+    Ok(())
+}
+
+/// The global norm before clipping; clips to `max_norm` when it is > 0 (0 = no clipping).
+pub(crate) fn clip_or_norm(grads: &mut BTreeMap<String, Tensor>, max_norm: f64) -> Result<f64> {
+    if max_norm > 0.0 {
+        Ok(clip_global_norm(grads, max_norm)?.0)
+    } else {
+        global_norm(grads)
+    }
 }

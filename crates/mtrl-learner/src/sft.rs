@@ -13,7 +13,7 @@ use mtrl_model::{logprobs_and_grads, Policy};
 
 use crate::adamw::AdamW;
 use crate::batch::{micro_batches, Row};
-use crate::clip::{clip_global_norm, global_norm};
+use crate::clip::{accumulate, clip_or_norm};
 use crate::error::{LearnerError, Result};
 use crate::schedule::LrSchedule;
 use crate::step::pad;
@@ -98,22 +98,9 @@ pub fn sft_step(
             lp.to_dtype(DType::F32)?.mul(&mb.mask)?.sum_all()? * (-1.0 / total)
         })?;
         m.loss += loss as f64;
-        for (name, var) in policy.named_parameters() {
-            if let Some(gr) = g.get(var.as_tensor()) {
-                let gr = gr.to_dtype(DType::F32)?;
-                let acc = match grads.remove(name) {
-                    Some(prev) => (prev + gr)?,
-                    None => gr,
-                };
-                grads.insert(name.clone(), acc);
-            }
-        }
+        accumulate(&mut grads, policy.named_parameters(), &g)?;
     }
-    m.grad_norm = if cfg.grad_clip > 0.0 {
-        clip_global_norm(&mut grads, cfg.grad_clip)?.0
-    } else {
-        global_norm(&grads)?
-    };
+    m.grad_norm = clip_or_norm(&mut grads, cfg.grad_clip)?;
     if m.grad_norm.is_finite() && m.loss.is_finite() {
         opt.step(policy.named_parameters(), &grads, m.lr)?;
     } else {

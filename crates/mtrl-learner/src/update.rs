@@ -15,7 +15,7 @@ use mtrl_algo::{aggregate, kl_k3, per_token_loss, GlobalCounts, LossInputs};
 use mtrl_model::{logprobs_and_grads, token_logprobs, Policy, DEFAULT_CHUNK_ELEMS};
 
 use crate::batch::{micro_batches, Row};
-use crate::clip::{clip_global_norm, global_norm};
+use crate::clip::{accumulate, clip_or_norm};
 use crate::error::Result;
 use crate::step::{masked_sum, pad, Learner, RatioBase, StepConfig};
 
@@ -169,22 +169,9 @@ impl Learner {
                 .affine(1.0, -1.0)?
                 .abs()?;
             out.gap_sum += masked_sum(&gap, &mb.mask)?;
-            for (name, var) in self.policy.named_parameters() {
-                if let Some(gr) = g.get(var.as_tensor()) {
-                    let gr = gr.to_dtype(DType::F32)?;
-                    let acc = match grads.remove(name) {
-                        Some(prev) => (prev + gr)?,
-                        None => gr,
-                    };
-                    grads.insert(name.clone(), acc);
-                }
-            }
+            accumulate(&mut grads, self.policy.named_parameters(), &g)?;
         }
-        let norm = if cfg.grad_clip > 0.0 {
-            clip_global_norm(&mut grads, cfg.grad_clip)?.0
-        } else {
-            global_norm(&grads)?
-        };
+        let norm = clip_or_norm(&mut grads, cfg.grad_clip)?;
         out.norm_sum = norm;
         if norm.is_finite() && out.loss.is_finite() {
             self.opt.step(self.policy.named_parameters(), &grads, lr)?;
