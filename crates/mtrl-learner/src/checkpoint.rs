@@ -79,39 +79,24 @@ fn sha256(path: &Path) -> Result<String> {
     Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// Relative paths of all files under `root`, sorted.
-fn files(root: &Path) -> Result<Vec<PathBuf>> {
-    let mut out = Vec::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).map_err(LearnerError::io("list", &d))? {
-            let p = e.map_err(LearnerError::io("list", &d))?.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if let Ok(rel) = p.strip_prefix(root) {
-                out.push(rel.to_path_buf());
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
-/// `root` and every folder below it.
-fn dirs(root: &Path) -> Result<Vec<PathBuf>> {
-    let mut out = vec![root.to_path_buf()];
+/// Relative paths of all files under `root` (sorted), and `root` with every folder below it.
+fn walk(root: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
+    let (mut files, mut dirs) = (Vec::new(), vec![root.to_path_buf()]);
     let mut i = 0;
-    while i < out.len() {
-        let d = out[i].clone();
+    while i < dirs.len() {
+        let d = dirs[i].clone();
         for e in std::fs::read_dir(&d).map_err(LearnerError::io("list", &d))? {
             let p = e.map_err(LearnerError::io("list", &d))?.path();
             if p.is_dir() {
-                out.push(p);
+                dirs.push(p);
+            } else if let Ok(rel) = p.strip_prefix(root) {
+                files.push(rel.to_path_buf());
             }
         }
         i += 1;
     }
-    Ok(out)
+    files.sort();
+    Ok((files, dirs))
 }
 
 fn fsync(path: &Path) -> Result<()> {
@@ -188,7 +173,8 @@ impl CheckpointManager {
             serde_json::to_string_pretty(&st).map_err(|e| LearnerError::Invalid(e.to_string()))?;
         std::fs::write(&p, text).map_err(LearnerError::io("write", &p))?;
         let mut sums = BTreeMap::new();
-        for rel in files(&tmp)? {
+        let (files, dirs) = walk(&tmp)?;
+        for rel in files {
             let full = tmp.join(&rel);
             fsync(&full)?;
             sums.insert(rel.to_string_lossy().into_owned(), sha256(&full)?);
@@ -199,7 +185,7 @@ impl CheckpointManager {
         std::fs::write(&p, text).map_err(LearnerError::io("write", &p))?;
         fsync(&p)?;
         // Directory entries too: the files' names must survive a crash as well as their bytes.
-        for d in dirs(&tmp)? {
+        for d in dirs {
             fsync(&d)?;
         }
         let dest = self.step_dir(state.step);
