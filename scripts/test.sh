@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The test command of the README and of .ci/run: fetch the real embedder weights once (they are
-# not in git), install MLflow once and start a throw-away tracking server on loopback for
+# not in git), install the agent venv once, install MLflow once and start a throw-away tracking server on loopback for
 # tests/mlflow.rs (stopped on exit), then run the whole workspace test suite. Tests need no
 # network after these steps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-embedder.sh
+# The pinned Python client stack of the agent tests (openai, strands-agents, bedrock-agentcore,
+# agentcore-rl-toolkit), installed once into a cached venv.
+MTRL_AGENT_PYTHON="$(scripts/agent-venv.sh)"
+export MTRL_AGENT_PYTHON
 if [ -z "${MTRL_TEST_MLFLOW_URI:-}" ]; then
   mlflow_env="$(scripts/mlflow-server.sh start)"
   MTRL_TEST_MLFLOW_URI="$(sed -n 's/^MTRL_MLFLOW_URI=//p' <<<"$mlflow_env")"

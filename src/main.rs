@@ -37,6 +37,10 @@ enum Command {
     Train(cmd::train::TrainArgs),
     /// Supervised fine-tuning on a trajectory file (warm start / cold start).
     Sft(cmd::sft::SftArgs),
+    /// Serve a policy checkpoint as an OpenAI-compatible endpoint with per-trajectory token capture.
+    Serve(cmd::serve::ServeArgs),
+    /// Serve a config's search tools (bm25_search, vector_search, submit) over HTTP.
+    ServeTools(cmd::serve::ServeToolsArgs),
     /// Evaluate policies and scripted baselines on the test files (nDCG@10, failures, pass@k).
     Eval(cmd::eval::EvalArgs),
     /// Show a run's logged trajectories turn by turn (filter by step, task, failures; compare steps).
@@ -80,6 +84,8 @@ fn main() {
         Some(Command::Sft(a)) => cmd::sft::run(&a),
         Some(Command::Selftest(a)) => cmd::selftest::run(&a),
         Some(Command::Eval(a)) => cmd::eval::run(&a),
+        Some(Command::Serve(a)) => cmd::serve::run(&a),
+        Some(Command::ServeTools(a)) => cmd::serve::run_tools(&a),
         Some(Command::Inspect(a)) => cmd::inspect::run(&a),
         Some(Command::Plot(a)) => cmd::plot::run(&a),
         Some(Command::Bench(BenchCommand::Search(a))) => cmd::bench_search::run(&a),

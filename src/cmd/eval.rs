@@ -159,6 +159,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         contenders,
         compare,
         settings,
+        agent: None,
         progress: (!quiet).then(|| Box::new(|m: &str| eprintln!("eval: {m}")) as ProgressFn),
     };
     let out = args

@@ -17,5 +17,6 @@ pub mod rollout;
 pub mod search;
 pub mod search_eval;
 pub mod selftest;
+pub mod serve;
 pub mod sft;
 pub mod train;

@@ -73,3 +73,55 @@ pub fn demo_config(dir: &Path, swaps: &[(&str, &str)]) -> PathBuf {
     std::fs::write(&cfg, text).unwrap();
     cfg
 }
+
+/// The Python of the pinned agent venv (`scripts/agent-venv.sh`): `MTRL_AGENT_PYTHON` when set
+/// (scripts/test.sh installs the venv and sets it), else the venv if installed; otherwise the
+/// test fails saying what to run (tests never reach the network).
+pub fn agent_python() -> PathBuf {
+    if let Ok(p) = std::env::var("MTRL_AGENT_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let out = Command::new("bash")
+        .arg(repo().join("scripts/agent-venv.sh"))
+        .arg("--no-install")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the agent venv is not installed: run scripts/agent-venv.sh (or scripts/test.sh)\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// A child process killed when dropped.
+pub struct Child(pub std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `cmd` (stdout piped) and waits for its `… listening on http://ADDR` line; returns the
+/// child and `http://ADDR`.
+pub fn start_server(mut cmd: Command) -> (Child, String) {
+    use std::io::BufRead;
+    cmd.stdout(std::process::Stdio::piped());
+    let mut child = Child(cmd.spawn().unwrap());
+    let out = child.0.stdout.take().unwrap();
+    let mut lines = std::io::BufReader::new(out).lines();
+    loop {
+        let line = lines
+            .next()
+            .unwrap_or_else(|| panic!("the server exited before listening"))
+            .unwrap();
+        if let Some(i) = line.find("listening on ") {
+            let url = line[i + "listening on ".len()..].trim().to_string();
+            // Keep draining stdout so the child never blocks on a full pipe.
+            std::thread::spawn(move || for _ in lines.by_ref() {});
+            return (child, url);
+        }
+    }
+}

@@ -119,6 +119,13 @@ pub struct Trajectory {
     pub versions: Vec<u64>,
     /// Number of prompt tokens at the start of `tokens`.
     pub prompt_len: usize,
+    /// Where a new sequence starts in `tokens`, after the first (empty: one sequence). An external
+    /// agent that rewrites its history continues in a new *segment*: its ids are not a
+    /// continuation of the previous call's, so the learner trains each segment as its own row
+    /// (with the trajectory's advantages) instead of re-tokenizing anything. Every segment starts
+    /// with context (`loss_mask` 0), so sampled runs never cross a boundary.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub segment_starts: Vec<usize>,
     /// Final reward (the failure reward when `failure` is set).
     pub reward: f64,
     /// A reward per model call (turn), when the environment or an external agent gives them;
@@ -151,6 +158,7 @@ impl Trajectory {
             logprobs: Vec::new(),
             versions: Vec::new(),
             prompt_len: 0,
+            segment_starts: Vec::new(),
             reward: 0.0,
             turn_rewards: Vec::new(),
             scores: Vec::new(),
@@ -200,6 +208,15 @@ impl Trajectory {
         runs
     }
 
+    /// The token ranges of the trajectory's sequences, in order (one unless the history was
+    /// rewritten; see `segment_starts`).
+    pub fn segments(&self) -> Vec<std::ops::Range<usize>> {
+        let mut bounds = vec![0];
+        bounds.extend(self.segment_starts.iter().copied());
+        bounds.push(self.tokens.len());
+        bounds.windows(2).map(|w| w[0]..w[1]).collect()
+    }
+
     /// Number of policy-sampled tokens.
     pub fn sampled_tokens(&self) -> usize {
         self.loss_mask.iter().filter(|m| **m == 1).count()
@@ -230,6 +247,18 @@ impl Trajectory {
         if self.prompt_len > n || self.loss_mask[..self.prompt_len].contains(&1) {
             return Err("prompt tokens must not be sampled".into());
         }
+        let mut prev = 0;
+        for &s in &self.segment_starts {
+            if s <= prev || s >= n {
+                return Err(format!(
+                    "segment start {s} is not after {prev} and inside the {n} tokens"
+                ));
+            }
+            if self.loss_mask[s] == 1 {
+                return Err(format!("segment start {s} is a sampled token"));
+            }
+            prev = s;
+        }
         Ok(())
     }
 }
@@ -250,6 +279,15 @@ mod tests {
         assert_eq!(t.sampled_tokens(), 2);
         t.check().unwrap();
         t.versions[0] = 3;
+        assert!(t.check().is_err());
+        t.versions[0] = 0;
+        assert_eq!(t.segments(), vec![0..6]);
+        t.segment_starts = vec![5];
+        t.check().unwrap();
+        assert_eq!(t.segments(), vec![0..5, 5..6]);
+        t.segment_starts = vec![4];
+        assert!(t.check().unwrap_err().contains("sampled"));
+        t.segment_starts = vec![6];
         assert!(t.check().is_err());
     }
 

@@ -149,6 +149,9 @@ pub struct EvalJob {
     pub settings: EvalSettings,
     /// Called with a line of progress (which model on which benchmark).
     pub progress: Option<ProgressFn>,
+    /// Policies' episodes run by the user's agent (`[rollout] environment = "agent"`): the
+    /// driver for a policy with this codec. `None`: the in-process environment.
+    pub agent: Option<crate::runner::AgentDrivers>,
 }
 
 /// Loads the config's test files (at most `limit` tasks each), checks their judgments, and
@@ -333,6 +336,7 @@ pub fn evaluate(job: EvalJob) -> Result<EvalReport> {
             seed: s.seed,
             max_concurrency: s.max_concurrency,
             max_batch: s.max_batch,
+            agent: job.agent.clone(),
         };
         let eps = run_policy(&run, policy, &groups, &rt)?;
         for (i, ep) in eps.into_iter().enumerate() {

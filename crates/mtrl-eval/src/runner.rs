@@ -20,8 +20,8 @@ use mtrl_core::{ChatCodec, EnvConfig, Trajectory};
 use mtrl_env::{Baseline, ScriptedAgent, SearchEnv, Task};
 use mtrl_model::{Engine, Policy, SamplingParams};
 use mtrl_rollout::engine_thread::EngineThread;
-use mtrl_rollout::episode::{run_episode, EnvStats, EpisodeContext, EpisodeId};
-use mtrl_rollout::{EnvFactory, RolloutError};
+use mtrl_rollout::episode::{EnvStats, EpisodeContext, EpisodeId};
+use mtrl_rollout::{in_process, Driver, EnvFactory, RolloutError};
 use mtrl_search::SearchIndex;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -39,6 +39,9 @@ pub struct Episodes {
     pub greedy_s: f64,
 }
 
+/// The rollout driver of a policy with the given codec (external agents).
+pub type AgentDrivers = Arc<dyn Fn(Arc<dyn ChatCodec>) -> Arc<dyn Driver> + Send + Sync>;
+
 /// How a policy's episodes are run.
 pub struct PolicyRun<'a> {
     pub label: &'a str,
@@ -52,6 +55,8 @@ pub struct PolicyRun<'a> {
     pub seed: u64,
     pub max_concurrency: usize,
     pub max_batch: usize,
+    /// Episodes through the user's agent instead of the in-process environment.
+    pub agent: Option<AgentDrivers>,
 }
 
 fn episode_error(model: &str, benchmark: &str, e: impl std::fmt::Display) -> EvalError {
@@ -67,7 +72,7 @@ fn episode_error(model: &str, benchmark: &str, e: impl std::fmt::Display) -> Eva
 /// pass runs its greedy episodes through this too.
 pub async fn run_all(
     cx: Arc<EpisodeContext>,
-    envs: EnvFactory,
+    envs: Arc<dyn Driver>,
     tasks: &[Task],
     per_task: usize,
     first_group: u64,
@@ -85,11 +90,7 @@ pub async fn run_all(
                     .acquire_owned()
                     .await
                     .map_err(|_| RolloutError::Cancelled)?;
-                let env = envs().map_err(|e| RolloutError::Env {
-                    task: task.id.clone(),
-                    message: e.to_string(),
-                })?;
-                let t = run_episode(&cx, env, task, id).await?;
+                let t = envs.episode(cx, task, id).await?;
                 Ok::<_, RolloutError>((i, s, t))
             });
         }
@@ -132,10 +133,16 @@ pub fn run_policy(
     let (index, codec) = (run.index.clone(), run.codec.clone());
     SearchEnv::standard(env.clone(), index.clone())
         .map_err(|e| episode_error(run.label, "-", e))?;
-    let envs: EnvFactory = Arc::new(move || {
-        let e = SearchEnv::standard(env.clone(), index.clone())?;
-        Ok(Box::new(e.with_codec(codec.clone())) as _)
-    });
+    let envs: Arc<dyn Driver> = match &run.agent {
+        Some(drivers) => drivers(codec),
+        None => {
+            let envs: EnvFactory = Arc::new(move || {
+                let e = SearchEnv::standard(env.clone(), index.clone())?;
+                Ok(Box::new(e.with_codec(codec.clone())) as _)
+            });
+            in_process(envs)
+        }
+    };
     let context = |sampling: SamplingParams| {
         Arc::new(EpisodeContext {
             gen: engine.client.clone(),

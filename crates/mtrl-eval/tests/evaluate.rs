@@ -85,6 +85,7 @@ fn policies_and_baselines_return_results_and_trajectories() {
         ],
         compare: vec![("loaded".into(), "dir".into())],
         settings: settings.clone(),
+        agent: None,
         progress: None,
     };
     let report = evaluate(job).unwrap();
@@ -141,6 +142,7 @@ fn policies_and_baselines_return_results_and_trajectories() {
             contenders: vec![Contender::Scripted(Baseline::Bm25Once)],
             compare: Vec::new(),
             settings,
+            agent: None,
             progress: None,
         })
         .unwrap_err()

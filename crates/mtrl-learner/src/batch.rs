@@ -83,43 +83,56 @@ pub fn build_rows(
                 out.dropped_stale += 1;
                 continue;
             }
-            let n = t.tokens.len();
-            if n < 2 {
+            let rows = segment_rows(t, &a);
+            if rows.is_empty() {
                 out.empty += 1;
-                continue;
             }
-            let mask: Vec<f32> = t.loss_mask[1..].iter().map(|&m| m as f32).collect();
-            let behaviour: Vec<f32> = (1..n)
-                .map(|i| {
-                    if t.loss_mask[i] == 1 {
-                        t.logprobs[i]
-                    } else {
-                        0.0
-                    }
-                })
-                .collect();
-            // Token i (row position i − 1) belongs to the turn counted so far.
-            let mut advantages = vec![0f32; n - 1];
-            // A run made of token 0 alone has no row position but is a turn.
-            let mut turn = usize::from(t.loss_mask[0] == 1 && t.loss_mask[1] == 0);
-            for i in 1..n {
-                if t.loss_mask[i] == 1 {
-                    advantages[i - 1] = a[turn] as f32;
-                    if i + 1 == n || t.loss_mask[i + 1] == 0 {
-                        turn += 1;
-                    }
-                }
-            }
-            out.rows.push(Row {
-                tokens: t.tokens.clone(),
-                mask,
-                behaviour,
-                advantages,
-                prox: Vec::new(),
-            });
+            out.rows.extend(rows);
         }
     }
     Ok(out)
+}
+
+/// The rows of one trajectory: one per segment with a trained position (a trajectory whose agent
+/// rewrote its history has several), each token with the advantage of its turn `a[turn]`; turns
+/// are counted across segments.
+fn segment_rows(t: &Trajectory, a: &[f64]) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let mut turn = 0usize;
+    for seg in t.segments() {
+        let (toks, mask) = (&t.tokens[seg.clone()], &t.loss_mask[seg.clone()]);
+        let n = toks.len();
+        if mask.first() == Some(&1) && mask.get(1) != Some(&1) {
+            // A run made of the segment's token 0 alone has no row position but is a turn.
+            turn += 1;
+        }
+        if n < 2 || !mask[1..].contains(&1) {
+            continue;
+        }
+        let lp = &t.logprobs[seg];
+        let m: Vec<f32> = mask[1..].iter().map(|&m| m as f32).collect();
+        let behaviour: Vec<f32> = (1..n)
+            .map(|i| if mask[i] == 1 { lp[i] } else { 0.0 })
+            .collect();
+        // Token i (row position i − 1) belongs to the turn counted so far.
+        let mut advantages = vec![0f32; n - 1];
+        for i in 1..n {
+            if mask[i] == 1 {
+                advantages[i - 1] = a[turn] as f32;
+                if i + 1 == n || mask[i + 1] == 0 {
+                    turn += 1;
+                }
+            }
+        }
+        rows.push(Row {
+            tokens: toks.to_vec(),
+            mask: m,
+            behaviour,
+            advantages,
+            prox: Vec::new(),
+        });
+    }
+    rows
 }
 
 /// A trajectory as the estimators see it.
@@ -228,6 +241,23 @@ mod tests {
             e.to_string().contains("1 turn rewards for 2 sampled turns"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn each_segment_is_a_row_and_turns_count_across_segments() {
+        // An agent rewrote its history: the second call's prompt (4) is not a continuation.
+        let mut t = traj(&[1, 2, 3, 4, 5], &[0, 1, 1, 0, 1], 5, 1.0);
+        t.segment_starts = vec![3];
+        t.turn_rewards = vec![0.25, 0.75];
+        t.check().unwrap();
+        let r = build_rows(&[vec![t]], Advantage::MonteCarlo, 5, 1).unwrap();
+        assert_eq!(r.rows.len(), 2);
+        assert_eq!(r.rows[0].tokens, vec![1, 2, 3]);
+        assert_eq!(r.rows[0].advantages, vec![1.0, 1.0]);
+        assert_eq!(r.rows[0].behaviour, vec![-0.5, -0.5]);
+        assert_eq!(r.rows[1].tokens, vec![4, 5]);
+        assert_eq!(r.rows[1].mask, vec![1.0]);
+        assert_eq!(r.rows[1].advantages, vec![0.75]);
     }
 
     #[test]

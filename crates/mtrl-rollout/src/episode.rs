@@ -52,7 +52,7 @@ impl EpisodeId {
     }
 
     /// The sample index the seeds are drawn with (a replacement group samples anew).
-    fn seed_sample(&self) -> u64 {
+    pub fn seed_sample(&self) -> u64 {
         self.sample ^ (u64::from(self.replacement) << 48)
     }
 }
@@ -92,6 +92,38 @@ async fn blocking<T: Send + 'static>(
     Ok((env, v))
 }
 
+/// A boxed episode future.
+pub type EpisodeFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Trajectory>> + Send>>;
+
+/// Runs one episode attempt to its trajectory: in-process over an [`Environment`]
+/// ([`in_process`]), or by dispatching the task to an external agent that calls the engine
+/// itself (`mtrl-serve`'s agent driver). The scheduler, retries, timeouts and batching are the
+/// same for both.
+pub trait Driver: Send + Sync {
+    fn episode(&self, cx: Arc<EpisodeContext>, task: Task, id: EpisodeId) -> EpisodeFuture;
+}
+
+/// Episodes in fresh environments from `envs`, driven by [`run_episode`].
+pub fn in_process(envs: crate::runner::EnvFactory) -> Arc<dyn Driver> {
+    Arc::new(InProcess(envs))
+}
+
+struct InProcess(crate::runner::EnvFactory);
+
+impl Driver for InProcess {
+    fn episode(&self, cx: Arc<EpisodeContext>, task: Task, id: EpisodeId) -> EpisodeFuture {
+        let envs = self.0.clone();
+        Box::pin(async move {
+            let env = envs().map_err(|e| RolloutError::Env {
+                task: task.id.clone(),
+                message: e.to_string(),
+            })?;
+            run_episode(&cx, env, task, id).await
+        })
+    }
+}
+
 /// Runs `task` in `env` to the end and returns its trajectory.
 pub async fn run_episode(
     cx: &EpisodeContext,
@@ -110,7 +142,7 @@ pub async fn run_episode(
 }
 
 /// The engine session of an episode: its conversation stays resident between model calls.
-fn session_key(seed: u64, id: EpisodeId) -> u64 {
+pub fn session_key(seed: u64, id: EpisodeId) -> u64 {
     mtrl_core::rng::sample_seed(seed, id.group, id.seed_sample(), u64::MAX) ^ u64::from(id.attempt)
 }
 

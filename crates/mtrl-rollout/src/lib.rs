@@ -29,7 +29,7 @@ pub mod pick;
 pub mod runner;
 
 pub use engine_thread::{EngineStats, GenClient, WeightUpdate};
-pub use episode::{sample_seed, EpisodeId};
+pub use episode::{in_process, sample_seed, Driver, EpisodeFuture, EpisodeId};
 pub use error::{Result, RolloutError};
 pub use faults::{FaultKind, Faults, FAULTS_VAR};
 pub use gate::Gate;

@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::engine_thread::{EngineStats, EngineThread, WeightUpdate};
-use crate::episode::{run_episode, EnvStats, EpisodeContext, EpisodeId};
+use crate::episode::{Driver, EnvStats, EpisodeContext, EpisodeId};
 use crate::error::{Result, RolloutError};
 use crate::faults::Faults;
 use crate::gate::Gate;
@@ -150,7 +150,7 @@ impl Rollout {
     /// learner reads finished groups from.
     pub fn start(
         engine: Engine,
-        envs: EnvFactory,
+        driver: Arc<dyn Driver>,
         tasks: Box<dyn TaskSource>,
         settings: RolloutSettings,
         rt: &Handle,
@@ -186,7 +186,7 @@ impl Rollout {
         });
         let sched = Scheduler {
             settings,
-            envs,
+            driver,
             tasks,
             cx,
             tx,
@@ -270,7 +270,7 @@ impl Rollout {
 
 struct Scheduler {
     settings: RolloutSettings,
-    envs: EnvFactory,
+    driver: Arc<dyn Driver>,
     tasks: Box<dyn TaskSource>,
     cx: Arc<EpisodeContext>,
     tx: Sender<Group>,
@@ -316,7 +316,7 @@ impl Scheduler {
                 index,
                 task,
                 settings: self.settings.clone(),
-                envs: self.envs.clone(),
+                driver: self.driver.clone(),
                 cx: self.cx.clone(),
                 sem: self.sem.clone(),
                 cancel: self.cancel.clone(),
@@ -336,7 +336,7 @@ struct GroupRun {
     index: u64,
     task: Task,
     settings: RolloutSettings,
-    envs: EnvFactory,
+    driver: Arc<dyn Driver>,
     cx: Arc<EpisodeContext>,
     sem: Arc<Semaphore>,
     cancel: CancellationToken,
@@ -407,7 +407,7 @@ impl GroupRun {
             let ep = Episode {
                 id,
                 task: self.task.clone(),
-                envs: self.envs.clone(),
+                driver: self.driver.clone(),
                 cx: self.cx.clone(),
                 timeout: self.settings.timeout,
                 max_retries: self.settings.max_retries,
@@ -452,7 +452,7 @@ impl GroupRun {
 struct Episode {
     id: EpisodeId,
     task: Task,
-    envs: EnvFactory,
+    driver: Arc<dyn Driver>,
     cx: Arc<EpisodeContext>,
     timeout: Option<Duration>,
     max_retries: usize,
@@ -486,11 +486,9 @@ impl Episode {
     }
 
     async fn attempt(&self) -> Result<Trajectory> {
-        let env = (self.envs)().map_err(|e| RolloutError::Env {
-            task: self.task.id.clone(),
-            message: e.to_string(),
-        })?;
-        let work = run_episode(&self.cx, env, self.task.clone(), self.id);
+        let work = self
+            .driver
+            .episode(self.cx.clone(), self.task.clone(), self.id);
         match self.timeout {
             None => work.await,
             Some(limit) => match tokio::time::timeout(limit, work).await {

@@ -88,7 +88,7 @@ fn start_with(
     let engine = Engine::new(policy, None, 0, 8).unwrap();
     let (r, rx) = Rollout::start(
         engine,
-        envs,
+        mtrl_rollout::in_process(envs),
         Box::new(Cycle(tasks(), 0)),
         settings,
         rt.handle(),

@@ -237,6 +237,7 @@ fn evaluation(
         ],
         compare: vec![("tuned".into(), "base".into())],
         settings,
+        agent: None,
         progress: o
             .progress
             .then(|| Box::new(|m: &str| eprintln!("         {m}")) as mtrl_eval::ProgressFn),

@@ -29,6 +29,8 @@ pub enum TrainError {
     #[error(transparent)]
     Eval(#[from] mtrl_eval::error::EvalError),
     #[error(transparent)]
+    Serve(#[from] mtrl_serve::ServeError),
+    #[error(transparent)]
     Tensor(#[from] candle_core::Error),
     #[error(transparent)]
     Io(#[from] std::io::Error),

@@ -38,9 +38,24 @@ fn telemetry(cfg: &Config, out: &Path) -> Result<Telemetry> {
 }
 
 /// Runs `job`, writes its report into `out` and reports its figures to the config's sinks.
-pub fn run(cfg: &Config, job: EvalJob, out: &Path) -> Result<EvalOutcome> {
+/// With `[rollout] environment = "agent"` every policy's episodes go through the user's agent,
+/// served by a policy endpoint started here for the job.
+pub fn run(cfg: &Config, mut job: EvalJob, out: &Path) -> Result<EvalOutcome> {
     let mut t = telemetry(cfg, out)?;
-    let done = evaluate(job).map_err(TrainError::from).and_then(|report| {
+    let host = match job.agent {
+        Some(_) => None,
+        None => crate::agent::AgentHost::start(cfg, &format!("{}-eval", cfg.name), usize::MAX)?,
+    };
+    if let Some(h) = host.as_ref() {
+        eprintln!("policy endpoint for the agent: {}", h.endpoint());
+        let h = h.drivers();
+        job.agent = Some(h);
+    }
+    let done = evaluate(job);
+    if let Some(h) = host {
+        h.shutdown();
+    }
+    let done = done.map_err(TrainError::from).and_then(|report| {
         let written = report.write_all(out)?;
         for d in &report.datasets {
             for r in &d.runs {

@@ -20,6 +20,7 @@
 //! warnings go to stderr); errors are [`TrainError`] values that name the file, key or step; a
 //! network sink never stops or slows a run.
 
+pub mod agent;
 pub mod baselines;
 pub mod bench_train;
 pub mod data;
@@ -29,6 +30,7 @@ pub mod eval;
 pub mod resume;
 pub mod run;
 pub mod selftest;
+pub mod serve;
 pub mod setup;
 pub mod sft;
 mod step_record;

@@ -28,6 +28,7 @@ use mtrl_model::{Engine, Policy, SamplingParams};
 use mtrl_rollout::{InOrder, Rollout, RolloutError, RolloutSettings};
 use serde_json::{json, Value};
 
+use crate::agent::AgentHost;
 use crate::bail;
 use crate::error::{Context, Result, TrainError};
 use crate::resume::{self, metrics_path};
@@ -365,7 +366,16 @@ impl Loop<'_> {
             setup::engine_options(cfg),
         )?;
         let window = self.learner.policy.config().max_position_embeddings;
-        let envs = setup::env_factory(cfg, data, self.parts.codec.clone(), !opts.progress, window)?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        let host = AgentHost::start(cfg, &cfg.name, window)?;
+        if let Some(h) = &host {
+            eprintln!("policy endpoint for the agent: {}", h.endpoint());
+        }
+        let codec = self.parts.codec.clone();
+        let envs = setup::driver(cfg, data, codec, !opts.progress, window, host.as_ref())?;
         let validator = Validator::new(
             cfg,
             &data.sets.validation,
@@ -373,10 +383,6 @@ impl Loop<'_> {
             setup::engine_options(cfg),
             self.parts.codec.stop_token_ids(),
         )?;
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
         if opts.watch_signals {
             watch_signals(&rt, opts.stop.clone());
         }
@@ -419,6 +425,9 @@ impl Loop<'_> {
             _ => {}
         }
         let shut = rt.block_on(rollout.shutdown());
+        if let Some(h) = host {
+            h.shutdown();
+        }
         let interrupted = result?;
         match shut {
             Err(RolloutError::Cancelled) | Ok(()) => {}

@@ -13,7 +13,7 @@ use mtrl_env::{Mixer, SearchEnv, TaskSets};
 use mtrl_learner::{Decay, LrSchedule, StepConfig};
 use mtrl_model::policy::parameter_shapes;
 use mtrl_model::{EngineOptions, Policy, TemplateCodec, Tokenizer};
-use mtrl_rollout::{EnvFactory, PickEnv};
+use mtrl_rollout::{in_process, Driver, EnvFactory, PickEnv};
 use mtrl_search::index::BuildReport;
 use mtrl_search::SearchIndex;
 
@@ -174,6 +174,25 @@ impl Data {
     }
 }
 
+/// How every episode runs, as `[rollout] environment` says: in-process environments, or the
+/// user's agent behind `agent` (started by [`crate::agent::AgentHost::start`]).
+pub fn driver(
+    cfg: &Config,
+    data: &Data,
+    codec: Arc<dyn ChatCodec>,
+    quiet: bool,
+    window: usize,
+    agent: Option<&crate::agent::AgentHost>,
+) -> Result<Arc<dyn Driver>> {
+    match (cfg.rollout.environment, agent) {
+        (EnvironmentKind::Agent, Some(host)) => Ok(host.driver(codec)),
+        (EnvironmentKind::Agent, None) => Err(crate::error::TrainError::msg(
+            "rollout.environment = \"agent\" but no policy endpoint was started",
+        )),
+        _ => Ok(in_process(env_factory(cfg, data, codec, quiet, window)?)),
+    }
+}
+
 /// The environment every episode gets, as `[rollout] environment` says.
 pub fn env_factory(
     cfg: &Config,
@@ -199,7 +218,7 @@ pub fn env_factory(
             PickEnv::new(codec.clone(), cands.clone(), fail)?;
             Arc::new(move || Ok(Box::new(PickEnv::new(codec.clone(), cands.clone(), fail)?) as _))
         }
-        EnvironmentKind::Search => {
+        EnvironmentKind::Search | EnvironmentKind::Agent => {
             let (index, _) = open_index(cfg, quiet)?;
             let index = Arc::new(index);
             SearchEnv::standard(env_cfg.clone(), index.clone())?;

@@ -21,7 +21,7 @@ use mtrl_eval::report::ndcg_at_10;
 use mtrl_model::{Engine, EngineOptions, Policy, SamplingParams};
 use mtrl_rollout::engine_thread::EngineThread;
 use mtrl_rollout::episode::{EnvStats, EpisodeContext};
-use mtrl_rollout::EnvFactory;
+use mtrl_rollout::Driver;
 
 use crate::bail;
 use crate::error::{Context, Result, TrainError};
@@ -69,7 +69,7 @@ impl ValFigures {
 /// The validation side of a run.
 pub struct Validator {
     tasks: Vec<Task>,
-    envs: EnvFactory,
+    envs: Arc<dyn Driver>,
     engine: EngineOptions,
     stop_token_ids: Vec<u32>,
     max_concurrency: usize,
@@ -82,7 +82,7 @@ impl Validator {
     pub fn new(
         cfg: &Config,
         validation: &[Task],
-        envs: EnvFactory,
+        envs: Arc<dyn Driver>,
         engine: EngineOptions,
         stop_token_ids: Vec<u32>,
     ) -> Result<Option<Validator>> {

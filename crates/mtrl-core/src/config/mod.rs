@@ -29,7 +29,7 @@ pub use env::{EnvConfig, EnvSpec, HitFormat, RewardChoice, RewardKind, RewardSpe
 pub use hyperparameters::HyperparametersSpec;
 pub use logging::{LoggingConfig, LoggingSpec};
 pub use model::{ModelConfig, ModelSource, ModelSpec, RANDOM_PRESETS};
-pub use rollout::{EnvironmentKind, RolloutConfig, RolloutSpec};
+pub use rollout::{AgentConfig, EnvironmentKind, RolloutConfig, RolloutSpec};
 pub use search::{
     Bm25Config, Columns, EmbedderChoice, RetrievalEvalConfig, SearchConfig, SearchSpec, StopWords,
     VectorConfig,

@@ -11,7 +11,13 @@
 //! kv_cache_tokens = 65536        # positions the engine keeps resident, all episodes together
 //!                                # (default: rollout_max_concurrency × env.max_context_tokens)
 //! prefill_chunk_tokens = 512     # prompt tokens prefilled per engine step, across sequences
-//! environment = "search"         # or "pick": one-token toy task for CI (see mtrl-rollout)
+//! environment = "search"         # or "pick": one-token toy task for CI (see mtrl-rollout), or
+//!                                # "agent": the user's agent over HTTP (mtrl-serve)
+//! agent_url = "http://127.0.0.1:8080/invocations"   # environment = "agent": where tasks go
+//! agent_protocol = "sagemaker"   # or "agentcore-toolkit"
+//! agent_listen = "127.0.0.1:0"   # where the policy endpoint listens (0 = any free port)
+//! agent_endpoint = "http://…"    # the endpoint's URL as the agent reaches it (default: the
+//!                                # address listened on)
 //! timeout_s = 600.0              # an episode running longer fails (and is retried); 0 = none
 //! max_retries = 2                # attempts after the first for an episode that errored
 //! max_failed_fraction = 0.1      # the run stops when more episodes than this have errored
@@ -37,6 +43,10 @@ pub struct RolloutSpec {
     pub timeout_s: Option<f64>,
     pub max_retries: Option<usize>,
     pub max_failed_fraction: Option<f64>,
+    pub agent_url: Option<String>,
+    pub agent_protocol: Option<String>,
+    pub agent_listen: Option<String>,
+    pub agent_endpoint: Option<String>,
 }
 
 /// Which environment episodes run in.
@@ -46,6 +56,8 @@ pub enum EnvironmentKind {
     Search,
     /// One generated token picks a document among the judged ones (CI proof that RL learns).
     Pick,
+    /// The user's agent, over HTTP: it calls the policy endpoint and reports rewards.
+    Agent,
 }
 
 impl EnvironmentKind {
@@ -53,6 +65,7 @@ impl EnvironmentKind {
         match self {
             EnvironmentKind::Search => "search",
             EnvironmentKind::Pick => "pick",
+            EnvironmentKind::Agent => "agent",
         }
     }
 }
@@ -74,6 +87,18 @@ pub struct RolloutConfig {
     pub max_retries: usize,
     /// Errored episodes (after retries) over all episodes above which the run stops.
     pub max_failed_fraction: f64,
+    /// `environment = "agent"`: how to reach the agent.
+    pub agent: Option<AgentConfig>,
+}
+
+/// Where the user's agent is and how it is called.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentConfig {
+    pub url: String,
+    /// `sagemaker` or `agentcore-toolkit`.
+    pub protocol: String,
+    pub listen: String,
+    pub endpoint: Option<String>,
 }
 
 impl Default for RolloutConfig {
@@ -91,6 +116,7 @@ impl Default for RolloutConfig {
             timeout_s: Some(600.0),
             max_retries: 2,
             max_failed_fraction: 0.1,
+            agent: None,
         }
     }
 }
@@ -116,13 +142,15 @@ impl RolloutSpec {
         let environment = match self.environment.as_deref().unwrap_or("search") {
             "search" => EnvironmentKind::Search,
             "pick" => EnvironmentKind::Pick,
+            "agent" => EnvironmentKind::Agent,
             other => {
                 return Err(ctx.invalid(
                     "rollout.environment",
-                    format!("`{other}` is not \"search\" or \"pick\""),
+                    format!("`{other}` is not \"search\", \"pick\" or \"agent\""),
                 ))
             }
         };
+        let agent = agent(&self, environment, ctx)?;
         let timeout_s = match self.timeout_s {
             None => d.timeout_s,
             Some(0.0) => None,
@@ -172,6 +200,65 @@ impl RolloutSpec {
                 1 << 20,
             )?,
             environment,
+            agent,
         })
     }
+}
+
+/// The `agent_*` keys: required with `environment = "agent"`, errors without it.
+fn agent(spec: &RolloutSpec, env: EnvironmentKind, ctx: &Ctx<'_>) -> Result<Option<AgentConfig>> {
+    if env != EnvironmentKind::Agent {
+        for (key, set) in [
+            ("agent_url", spec.agent_url.is_some()),
+            ("agent_protocol", spec.agent_protocol.is_some()),
+            ("agent_listen", spec.agent_listen.is_some()),
+            ("agent_endpoint", spec.agent_endpoint.is_some()),
+        ] {
+            if set {
+                return Err(ctx.invalid(
+                    &format!("rollout.{key}"),
+                    "has no effect unless rollout.environment = \"agent\"".to_string(),
+                ));
+            }
+        }
+        return Ok(None);
+    }
+    let url = match &spec.agent_url {
+        Some(u) if u.starts_with("http://") || u.starts_with("https://") => u.clone(),
+        Some(u) => {
+            return Err(ctx.invalid("rollout.agent_url", format!("`{u}` is not an http:// URL")))
+        }
+        None => {
+            return Err(ctx.invalid(
+                "rollout.agent_url",
+                "is required with rollout.environment = \"agent\"".to_string(),
+            ))
+        }
+    };
+    let protocol = spec
+        .agent_protocol
+        .clone()
+        .unwrap_or_else(|| "sagemaker".into());
+    if !["sagemaker", "agentcore-toolkit"].contains(&protocol.as_str()) {
+        return Err(ctx.invalid(
+            "rollout.agent_protocol",
+            format!("`{protocol}` is not \"sagemaker\" or \"agentcore-toolkit\""),
+        ));
+    }
+    let listen = spec
+        .agent_listen
+        .clone()
+        .unwrap_or_else(|| "127.0.0.1:0".into());
+    if listen.parse::<std::net::SocketAddr>().is_err() {
+        return Err(ctx.invalid(
+            "rollout.agent_listen",
+            format!("`{listen}` is not an address like 127.0.0.1:8000"),
+        ));
+    }
+    Ok(Some(AgentConfig {
+        url,
+        protocol,
+        listen,
+        endpoint: spec.agent_endpoint.clone(),
+    }))
 }

@@ -1,0 +1,604 @@
+//! The policy endpoint's state and operations, free of HTTP: live trajectories (each with the
+//! engine, codec, sampling and budgets it is served under) and the calls that reach them.
+//!
+//! A trajectory is *registered* by the rollout driver (training, evaluation) or created by a
+//! client (`POST /trajectories`, standalone `mtrl serve`); calls name it by id. Calls of one
+//! trajectory are served one at a time (it is one sequence); different trajectories run
+//! concurrently and share the engine's decode batches. A call naming no trajectory is served by
+//! the standalone engine and recorded nowhere.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use mtrl_core::ChatCodec;
+use mtrl_model::{Completion, GenerationRequest, SamplingParams};
+use mtrl_rollout::GenClient;
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+
+use crate::capture::{Budgets, Capture, Spec};
+use crate::error::ApiError;
+use crate::openai::{self, ChatShape, Choice, Usage};
+use crate::render;
+use crate::request::{self, Sampling};
+
+/// Trajectories alive at once (registered or created) before new ones are refused.
+pub const MAX_TRAJECTORIES: usize = 65_536;
+
+/// The engine a standalone server answers unrecorded calls (and created trajectories) with.
+#[derive(Clone)]
+pub struct Served {
+    pub gen: GenClient,
+    pub codec: Arc<dyn ChatCodec>,
+    pub model: String,
+    pub budgets: Budgets,
+    /// The engine's policy version, for `/healthz`.
+    pub version: Arc<mtrl_rollout::EngineStats>,
+}
+
+struct Slot {
+    cap: Arc<tokio::sync::Mutex<Capture>>,
+    done: Arc<Notify>,
+}
+
+/// A response body.
+pub enum Body {
+    Json(Value),
+    /// Server-sent events (`text/event-stream`).
+    Events(String),
+}
+
+/// The endpoint's state.
+pub struct Gateway {
+    served: Option<Served>,
+    slots: Mutex<HashMap<String, Slot>>,
+    models: Mutex<Vec<String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A fresh trajectory id: `mtrl-` and 128 random bits (it doubles as the bearer credential of
+/// the calls that name it).
+pub fn new_id() -> String {
+    format!(
+        "mtrl-{:016x}{:016x}",
+        rand::random::<u64>(),
+        rand::random::<u64>()
+    )
+}
+
+impl Gateway {
+    pub fn new(served: Option<Served>) -> Gateway {
+        let models = served.iter().map(|s| s.model.clone()).collect();
+        Gateway {
+            served,
+            slots: Mutex::new(HashMap::new()),
+            models: Mutex::new(models),
+        }
+    }
+
+    /// Registers a trajectory served under `spec`; returns its id and the notification that
+    /// `/complete-rollout` fires.
+    pub fn register(&self, spec: Spec) -> Result<(String, Arc<Notify>), ApiError> {
+        let mut slots = lock(&self.slots);
+        if slots.len() >= MAX_TRAJECTORIES {
+            return Err(ApiError::status(
+                503,
+                format!("{MAX_TRAJECTORIES} trajectories are open"),
+            ));
+        }
+        let mut models = lock(&self.models);
+        if !models.contains(&spec.model) {
+            models.push(spec.model.clone());
+        }
+        let id = new_id();
+        let done = Arc::new(Notify::new());
+        slots.insert(
+            id.clone(),
+            Slot {
+                cap: Arc::new(tokio::sync::Mutex::new(Capture::new(spec))),
+                done: done.clone(),
+            },
+        );
+        Ok((id, done))
+    }
+
+    /// Removes a trajectory and returns its record (waits for a call in flight to finish).
+    pub async fn take(&self, id: &str) -> Option<Capture> {
+        let slot = lock(&self.slots).remove(id)?;
+        let cap = slot.cap.lock().await;
+        let spec = cap.spec.clone();
+        drop(cap);
+        spec.gen.release(spec.session);
+        Arc::try_unwrap(slot.cap).ok().map(|m| m.into_inner())
+    }
+
+    /// Drops a trajectory at once, whatever it is doing (a call in flight finishes unrecorded).
+    pub fn forget(&self, id: &str) {
+        let slot = lock(&self.slots).remove(id);
+        if let Some(slot) = slot {
+            if let Ok(cap) = slot.cap.try_lock() {
+                cap.spec.gen.release(cap.spec.session);
+            }
+        }
+    }
+
+    /// Applies what the agent's response reported (unless `/complete-rollout` came first);
+    /// returns whether the rollout is over: completed, a reward or failure known, or a budget
+    /// spent. `false`: the agent answered before reporting — wait for `/complete-rollout`.
+    pub async fn apply(&self, id: &str, r: request::RewardReport) -> bool {
+        let Ok((cap, _)) = self.slot(id) else {
+            return true;
+        };
+        let mut cap = cap.lock().await;
+        if !cap.report.completed {
+            if r.reward.is_some() {
+                cap.report.reward = r.reward;
+            }
+            if r.failure.is_some() {
+                cap.report.agent_failure = r.failure;
+            }
+            if !r.metrics.is_empty() {
+                cap.report.metrics = r.metrics;
+            }
+        }
+        let rep = &cap.report;
+        rep.completed
+            || rep.reward.is_some()
+            || rep.agent_failure.is_some()
+            || cap.failure().is_some()
+    }
+
+    pub fn is_known(&self, id: &str) -> bool {
+        lock(&self.slots).contains_key(id)
+    }
+
+    fn slot(&self, id: &str) -> Result<(Arc<tokio::sync::Mutex<Capture>>, Arc<Notify>), ApiError> {
+        lock(&self.slots)
+            .get(id)
+            .map(|s| (s.cap.clone(), s.done.clone()))
+            .ok_or_else(|| {
+                ApiError::status(404, format!("unknown trajectory `{id}`"))
+                    .with_code("unknown_trajectory")
+            })
+    }
+
+    fn served(&self) -> Result<&Served, ApiError> {
+        self.served.as_ref().ok_or_else(|| {
+            ApiError::bad_request(
+                "this endpoint serves rollouts: name the trajectory (header X-Amzn-SageMaker-Trajectory-Id, \
+                 `Authorization: Bearer <id>`, or the path prefix /t/<id>/)",
+            )
+            .with_code("missing_trajectory")
+        })
+    }
+
+    pub fn health(&self) -> Value {
+        let version = self
+            .served
+            .as_ref()
+            .map(|s| s.version.version.load(std::sync::atomic::Ordering::Relaxed));
+        json!({"status": "ok", "policy_version": version, "trajectories": lock(&self.slots).len()})
+    }
+
+    pub fn models(&self) -> Value {
+        openai::models(&lock(&self.models))
+    }
+
+    /// `POST /v1/chat/completions`.
+    pub async fn chat(&self, traj: Option<&str>, body: &[u8]) -> Result<Body, ApiError> {
+        let req = request::chat(body)?;
+        let (choices, prompt, model, id) = match traj {
+            Some(t) => {
+                if req.sampling.n != 1 {
+                    return Err(ApiError::field(
+                        "n",
+                        "a trajectory is one sequence: n must be 1",
+                    ));
+                }
+                if !req.sampling.stop.is_empty() {
+                    return Err(ApiError::field(
+                        "stop",
+                        "stop strings are not served on trajectories (the policy's end-of-turn token ends a message)",
+                    ));
+                }
+                let (cap, _) = self.slot(t)?;
+                let mut cap = cap.lock().await;
+                let p = cap.prepare(&req.messages, &req.tools, req.sampling.max_tokens)?;
+                let prompt = p.prompt.clone();
+                let sampling = cap.sampling(client_sampling(&req.sampling));
+                let spec = cap.spec.clone();
+                let c = generate(
+                    &spec.gen,
+                    &spec.codec,
+                    prompt.clone(),
+                    sampling,
+                    p.max_new_tokens,
+                    Vec::new(),
+                    Some(spec.session),
+                )
+                .await?;
+                let turn = cap.turns();
+                let (reply, ended) = cap.record(
+                    p,
+                    &c,
+                    req.parse_tools,
+                    req.parallel_tool_calls,
+                    &format!("{turn}"),
+                )?;
+                let choice = choice(&spec.codec, reply, String::new(), ended, &c, req.logprobs)?;
+                (
+                    vec![choice],
+                    prompt,
+                    spec.model.clone(),
+                    format!("chatcmpl-{t}-{turn}"),
+                )
+            }
+            None => {
+                let s = self.served()?.clone();
+                let msgs = render::messages(&req.messages);
+                let prompt = s
+                    .codec
+                    .encode_prompt(&msgs, &req.tools)
+                    .map_err(|e| ApiError::bad_request(e.to_string()))?;
+                let max_new = room(&s, prompt.len(), req.sampling.max_tokens)?;
+                let mut out = Vec::new();
+                for c in self.sample_n(&s, &prompt, &req.sampling, max_new).await? {
+                    let text = decode_body(&s.codec, &c)?;
+                    let reply = render::reply(
+                        &text.0,
+                        req.parse_tools,
+                        req.parallel_tool_calls,
+                        &new_id()[5..13],
+                    );
+                    out.push(choice(
+                        &s.codec,
+                        reply,
+                        String::new(),
+                        text.1,
+                        &c,
+                        req.logprobs,
+                    )?);
+                }
+                (
+                    out,
+                    prompt,
+                    s.model.clone(),
+                    format!("chatcmpl-{}", &new_id()[5..]),
+                )
+            }
+        };
+        let usage = Usage {
+            prompt_tokens: prompt.len(),
+            completion_tokens: choices.iter().map(|c| c.tokens.len()).sum(),
+        };
+        let shape = ChatShape {
+            id: &id,
+            model: req.model.as_deref().unwrap_or(&model),
+            logprobs: req.logprobs,
+            token_ids: req.return_token_ids.then_some(&prompt[..]),
+        };
+        Ok(if req.stream {
+            Body::Events(openai::chat_chunks(
+                &shape,
+                &choices,
+                &usage,
+                req.include_usage,
+            ))
+        } else {
+            Body::Json(openai::chat(&shape, &choices, &usage))
+        })
+    }
+
+    async fn sample_n(
+        &self,
+        s: &Served,
+        prompt: &[u32],
+        sp: &Sampling,
+        max_new: usize,
+    ) -> Result<Vec<Completion>, ApiError> {
+        let base = client_sampling(sp);
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..sp.n {
+            let sampling = SamplingParams {
+                seed: base.seed.wrapping_add(i as u64),
+                ..base.clone()
+            };
+            let (gen, codec, prompt, stop) = (
+                s.gen.clone(),
+                s.codec.clone(),
+                prompt.to_vec(),
+                sp.stop.clone(),
+            );
+            set.spawn(async move {
+                (
+                    i,
+                    generate(&gen, &codec, prompt, sampling, max_new, stop, None).await,
+                )
+            });
+        }
+        let mut out: Vec<Option<Completion>> = vec![None; sp.n];
+        while let Some(r) = set.join_next().await {
+            let (i, c) = r.map_err(|e| ApiError::status(500, format!("generation task: {e}")))?;
+            out[i] = Some(c?);
+        }
+        Ok(out.into_iter().flatten().collect())
+    }
+
+    /// `POST /v1/completions` (standalone engine; a trajectory's calls go through chat or
+    /// `/sample`).
+    pub async fn completion(&self, traj: Option<&str>, body: &[u8]) -> Result<Body, ApiError> {
+        let req = request::completion(body)?;
+        if traj.is_some() {
+            return Err(ApiError::bad_request(
+                "trajectories are served by /v1/chat/completions and /sample; /v1/completions records nothing",
+            ));
+        }
+        let s = self.served()?.clone();
+        let (prompt, echo) = match &req.prompt {
+            request::Prompt::Text(t) => (
+                s.codec
+                    .encode_text(t)
+                    .map_err(|e| ApiError::bad_request(e.to_string()))?,
+                t.clone(),
+            ),
+            request::Prompt::Ids(ids) => (
+                ids.clone(),
+                s.codec
+                    .decode(ids)
+                    .map_err(|e| ApiError::bad_request(e.to_string()))?,
+            ),
+        };
+        if prompt.is_empty() {
+            return Err(ApiError::field("prompt", "encodes to no tokens"));
+        }
+        let max_new = room(&s, prompt.len(), req.sampling.max_tokens.or(Some(16)))?;
+        let mut choices = Vec::new();
+        for c in self.sample_n(&s, &prompt, &req.sampling, max_new).await? {
+            let text = s
+                .codec
+                .decode(&c.tokens)
+                .map_err(|e| ApiError::status(500, e.to_string()))?;
+            let ended = c.finish != mtrl_model::FinishReason::Length
+                && c.finish != mtrl_model::FinishReason::ContextFull;
+            let reply = render::reply("", false, false, "");
+            choices.push(choice(&s.codec, reply, text, ended, &c, req.logprobs)?);
+        }
+        let usage = Usage {
+            prompt_tokens: prompt.len(),
+            completion_tokens: choices.iter().map(|c| c.tokens.len()).sum(),
+        };
+        let id = format!("cmpl-{}", &new_id()[5..]);
+        Ok(Body::Json(openai::completion(
+            &id,
+            &s.model,
+            &choices,
+            req.logprobs,
+            req.echo.then_some(&echo[..]),
+            &usage,
+        )))
+    }
+
+    /// `POST /sample`: ids in, ids + log-probs + versions out; recorded when a trajectory is named.
+    pub async fn sample(&self, traj: Option<&str>, body: &[u8]) -> Result<Body, ApiError> {
+        let req = request::sample(body)?;
+        let c = match traj {
+            Some(t) => {
+                let (cap, _) = self.slot(t)?;
+                let mut cap = cap.lock().await;
+                let p = cap.prepare_ids(&req.input_ids, req.sampling.max_tokens)?;
+                let sampling = cap.sampling(client_sampling(&req.sampling));
+                let spec = cap.spec.clone();
+                let c = generate(
+                    &spec.gen,
+                    &spec.codec,
+                    p.prompt.clone(),
+                    sampling,
+                    p.max_new_tokens,
+                    Vec::new(),
+                    Some(spec.session),
+                )
+                .await?;
+                cap.record(p, &c, false, false, "")?;
+                c
+            }
+            None => {
+                let s = self.served()?.clone();
+                let max_new = room(&s, req.input_ids.len(), req.sampling.max_tokens)?;
+                let mut stops = req.stop_token_ids.clone();
+                if stops.is_empty() {
+                    stops = s.codec.stop_token_ids();
+                }
+                let g = GenerationRequest {
+                    prompt: req.input_ids.clone(),
+                    sampling: client_sampling(&req.sampling),
+                    max_new_tokens: max_new,
+                    stop_token_ids: stops,
+                    stop_strings: Vec::new(),
+                    session: None,
+                };
+                let mut c = submit(&s.gen, g).await?;
+                c.prompt.clear();
+                c
+            }
+        };
+        Ok(Body::Json(json!({
+            "output_ids": c.tokens,
+            "logprobs": c.logprobs,
+            "versions": c.versions,
+            "finish_reason": c.finish.as_str(),
+        })))
+    }
+
+    /// `POST /update-reward` (`complete = false`) and `POST /complete-rollout`.
+    pub async fn report(
+        &self,
+        traj: Option<&str>,
+        body: &[u8],
+        complete: bool,
+    ) -> Result<Body, ApiError> {
+        let r = request::reward_report(body)?;
+        let id = r
+            .trajectory
+            .as_deref()
+            .or(traj)
+            .ok_or_else(|| {
+                ApiError::field("trajectoryId", "is required (or the trajectory header)")
+            })?
+            .to_string();
+        let (cap, done) = self.slot(&id)?;
+        let mut cap = cap.lock().await;
+        if cap.report.completed {
+            return Err(ApiError::status(
+                409,
+                format!("trajectory `{id}` is already complete"),
+            ));
+        }
+        if r.reward.is_some() {
+            cap.report.reward = r.reward;
+        }
+        if r.failure.is_some() {
+            cap.report.agent_failure = r.failure;
+        }
+        if !r.metrics.is_empty() {
+            cap.report.metrics = r.metrics;
+        }
+        if complete {
+            cap.report.completed = true;
+            done.notify_one();
+        }
+        Ok(Body::Json(json!({"trajectoryId": id, "status": "ok"})))
+    }
+
+    /// `POST /trajectories`: a captured trajectory on the standalone engine.
+    pub fn create(&self) -> Result<Body, ApiError> {
+        let s = self.served()?.clone();
+        let session = rand::random::<u64>();
+        let (id, _) = self.register(Spec {
+            task_id: String::new(),
+            gen: s.gen,
+            codec: s.codec,
+            model: s.model,
+            budgets: s.budgets,
+            sampling: None,
+            seeds: (0, 0, 0),
+            session,
+        })?;
+        Ok(Body::Json(json!({"id": id})))
+    }
+
+    /// `GET /trajectories/<id>`: the captured record.
+    pub async fn get(&self, id: &str) -> Result<Body, ApiError> {
+        let (cap, _) = self.slot(id)?;
+        let cap = cap.lock().await;
+        let mut v = serde_json::to_value(cap.trajectory())
+            .map_err(|e| ApiError::status(500, e.to_string()))?;
+        v["completed"] = json!(cap.report.completed);
+        Ok(Body::Json(v))
+    }
+
+    /// `DELETE /trajectories/<id>`.
+    pub async fn delete(&self, id: &str) -> Result<Body, ApiError> {
+        self.slot(id)?;
+        self.take(id).await;
+        Ok(Body::Json(json!({"id": id, "deleted": true})))
+    }
+}
+
+fn room(s: &Served, prompt: usize, asked: Option<usize>) -> Result<usize, ApiError> {
+    let room = s.budgets.max_context_tokens.saturating_sub(prompt);
+    if room == 0 {
+        return Err(ApiError::bad_request(format!(
+            "the prompt has {prompt} tokens; the context window is {}",
+            s.budgets.max_context_tokens
+        ))
+        .with_code("context_length_exceeded"));
+    }
+    Ok(asked.unwrap_or(s.budgets.max_tokens_per_turn).min(room))
+}
+
+/// The client's sampling (OpenAI defaults: temperature 1, top-p 1; a random seed).
+fn client_sampling(s: &Sampling) -> SamplingParams {
+    SamplingParams {
+        temperature: s.temperature.unwrap_or(1.0),
+        top_p: s.top_p.unwrap_or(1.0),
+        top_k: s.top_k.unwrap_or(0),
+        seed: s.seed.unwrap_or_else(rand::random),
+    }
+}
+
+async fn generate(
+    gen: &GenClient,
+    codec: &Arc<dyn ChatCodec>,
+    prompt: Vec<u32>,
+    sampling: SamplingParams,
+    max_new: usize,
+    stop_strings: Vec<String>,
+    session: Option<u64>,
+) -> Result<Completion, ApiError> {
+    let req = GenerationRequest {
+        prompt,
+        sampling,
+        max_new_tokens: max_new,
+        stop_token_ids: codec.stop_token_ids(),
+        stop_strings,
+        session,
+    };
+    submit(gen, req).await
+}
+
+async fn submit(gen: &GenClient, req: GenerationRequest) -> Result<Completion, ApiError> {
+    gen.generate(req)
+        .await
+        .map_err(|e| ApiError::status(503, format!("the engine: {e}")))
+}
+
+/// Text of a completion without its end-of-turn token; whether the message ended.
+fn decode_body(codec: &Arc<dyn ChatCodec>, c: &Completion) -> Result<(String, bool), ApiError> {
+    let stops = codec.stop_token_ids();
+    let ended = c.tokens.last().is_some_and(|t| stops.contains(t));
+    let body = if ended {
+        &c.tokens[..c.tokens.len() - 1]
+    } else {
+        &c.tokens[..]
+    };
+    let text = codec
+        .decode(body)
+        .map_err(|e| ApiError::status(500, e.to_string()))?;
+    Ok((
+        text,
+        ended || matches!(c.finish, mtrl_model::FinishReason::StopString(_)),
+    ))
+}
+
+fn choice(
+    codec: &Arc<dyn ChatCodec>,
+    reply: render::Reply,
+    text: String,
+    ended: bool,
+    c: &Completion,
+    logprobs: bool,
+) -> Result<Choice, ApiError> {
+    let pieces = if logprobs {
+        c.tokens
+            .iter()
+            .map(|t| {
+                codec
+                    .decode(&[*t])
+                    .map_err(|e| ApiError::status(500, e.to_string()))
+            })
+            .collect::<Result<_, _>>()?
+    } else {
+        Vec::new()
+    };
+    Ok(Choice {
+        reply,
+        text,
+        ended,
+        tokens: c.tokens.clone(),
+        logprobs: c.logprobs.clone(),
+        pieces,
+    })
+}

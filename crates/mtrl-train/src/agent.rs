@@ -1,0 +1,105 @@
+//! `[rollout] environment = "agent"`: the policy endpoint a run (or an evaluation) serves its
+//! user's agent on, and the rollout drivers that dispatch tasks to that agent.
+//!
+//! One [`AgentHost`] per process: one listening endpoint (`rollout.agent_listen`) whose
+//! trajectories each carry the engine, codec and budgets they are served by, so the training
+//! engine, the validation engine and each evaluated policy share it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mtrl_core::{ChatCodec, Config};
+use mtrl_rollout::Driver;
+use mtrl_serve::{AgentDriver, AgentSettings, Budgets, Gateway, HttpOptions, Protocol, Server};
+
+use crate::error::{Result, TrainError};
+
+/// The running endpoint and what every external episode shares.
+pub struct AgentHost {
+    /// The endpoint's own runtime (the run's and the evaluation's runtimes come and go).
+    rt: tokio::runtime::Runtime,
+    gateway: Arc<Gateway>,
+    server: Option<Server>,
+    settings: AgentSettings,
+}
+
+impl AgentHost {
+    /// Starts the endpoint on `rt` when `cfg` runs its episodes in an external agent; `None`
+    /// otherwise. `window` caps the context budget at the model's.
+    pub fn start(cfg: &Config, model: &str, window: usize) -> Result<Option<AgentHost>> {
+        let Some(a) = &cfg.rollout.agent else {
+            return Ok(None);
+        };
+        let protocol = Protocol::parse(&a.protocol)
+            .ok_or_else(|| TrainError::msg(format!("rollout.agent_protocol: `{}`", a.protocol)))?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("mtrl-endpoint")
+            .enable_all()
+            .build()?;
+        let gateway = Arc::new(Gateway::new(None));
+        let server = rt
+            .block_on(Server::start(
+                &a.listen,
+                gateway.clone(),
+                HttpOptions::default(),
+            ))
+            .map_err(|e| TrainError::msg(format!("rollout.agent_listen: {e}")))?;
+        let endpoint = a
+            .endpoint
+            .clone()
+            .unwrap_or_else(|| format!("http://{}", server.addr));
+        let env = cfg.env_or_default();
+        let settings = AgentSettings {
+            url: a.url.clone(),
+            protocol,
+            endpoint,
+            model: model.to_string(),
+            budgets: Budgets {
+                max_turns: env.max_turns,
+                max_tokens_per_turn: env.max_tokens_per_turn,
+                max_context_tokens: env.max_context_tokens.min(window),
+            },
+            failure_reward: env.failure_reward,
+            job: format!("mtrl:{}", cfg.name),
+            timeout: Duration::from_secs_f64(cfg.rollout.timeout_s.unwrap_or(3600.0)),
+        };
+        Ok(Some(AgentHost {
+            rt,
+            gateway,
+            server: Some(server),
+            settings,
+        }))
+    }
+
+    /// The endpoint's base URL as agents are told it.
+    pub fn endpoint(&self) -> &str {
+        &self.settings.endpoint
+    }
+
+    /// Episodes of a policy with `codec`, run by the agent.
+    pub fn driver(&self, codec: Arc<dyn ChatCodec>) -> Arc<dyn Driver> {
+        Arc::new(AgentDriver::new(
+            self.gateway.clone(),
+            codec,
+            self.settings.clone(),
+        ))
+    }
+
+    /// Drivers for evaluated policies (one per policy codec).
+    pub fn drivers(&self) -> mtrl_eval::runner::AgentDrivers {
+        let (gateway, settings) = (self.gateway.clone(), self.settings.clone());
+        Arc::new(move |codec| {
+            Arc::new(AgentDriver::new(gateway.clone(), codec, settings.clone())) as Arc<dyn Driver>
+        })
+    }
+
+    /// Stops the endpoint (in-flight calls finish first).
+    pub fn shutdown(mut self) {
+        if let Some(s) = self.server.take() {
+            if let Err(e) = self.rt.block_on(s.shutdown()) {
+                eprintln!("warning: policy endpoint: {e}");
+            }
+        }
+    }
+}

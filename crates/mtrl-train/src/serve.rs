@@ -1,0 +1,134 @@
+//! `mtrl serve` (the policy endpoint on a checkpoint) and `mtrl serve-tools` (a config's search
+//! tools), run until Ctrl-C / SIGTERM, then drained: the listener stops accepting and in-flight
+//! calls finish before the engine stops.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use candle_core::{DType, Device};
+use mtrl_core::{Config, EnvConfig};
+use mtrl_model::Engine;
+use mtrl_rollout::engine_thread::EngineThread;
+use mtrl_serve::{Budgets, Gateway, HttpOptions, Served, Server, ToolService};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Result, TrainError};
+
+/// How `mtrl serve` runs.
+pub struct ServeOptions {
+    pub model: PathBuf,
+    pub tokenizer: Option<PathBuf>,
+    pub dtype: DType,
+    pub device: Device,
+    /// `[env]` budgets of created trajectories (defaults without a config).
+    pub env: EnvConfig,
+    pub max_batch: usize,
+    pub addr: String,
+    pub http: HttpOptions,
+    /// Called with the bound address once the server listens.
+    pub on_listen: Box<dyn FnOnce(std::net::SocketAddr) + Send>,
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
+/// Cancels `stop` on Ctrl-C or SIGTERM.
+fn on_signal(rt: &tokio::runtime::Runtime, stop: CancellationToken) {
+    rt.spawn(async move {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let mut term = match signal(SignalKind::terminate()) {
+                Ok(t) => t,
+                Err(_) => return,
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+        stop.cancel();
+    });
+}
+
+/// Serves the policy at `opts.model` until a signal.
+pub fn serve_policy(opts: ServeOptions) -> Result<()> {
+    let (policy, codec) = mtrl_eval::load_model(
+        &opts.model,
+        opts.tokenizer.as_deref(),
+        opts.dtype,
+        &opts.device,
+    )?;
+    let window = policy.config().max_position_embeddings;
+    let engine = EngineThread::spawn(Engine::new(policy, None, 0, opts.max_batch)?)?;
+    let model = opts
+        .model
+        .canonicalize()
+        .ok()
+        .and_then(|p| {
+            let name =
+                |p: &std::path::Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
+            // `…/step-N/policy` is named after its step folder.
+            match name(&p).as_deref() {
+                Some("policy") => p.parent().and_then(name),
+                n => n.map(str::to_string),
+            }
+        })
+        .unwrap_or_else(|| "mtrl".into());
+    let served = Served {
+        gen: engine.client.clone(),
+        codec,
+        model,
+        budgets: Budgets {
+            max_turns: opts.env.max_turns,
+            max_tokens_per_turn: opts.env.max_tokens_per_turn,
+            max_context_tokens: opts.env.max_context_tokens.min(window),
+        },
+        version: engine.stats.clone(),
+    };
+    let gateway = Arc::new(Gateway::new(Some(served)));
+    let rt = runtime()?;
+    let server = rt.block_on(Server::start(&opts.addr, gateway, opts.http))?;
+    (opts.on_listen)(server.addr);
+    on_signal(&rt, server.stopper());
+    let served = rt.block_on(server.wait());
+    let stopped = engine.shutdown();
+    served?;
+    stopped?;
+    Ok(())
+}
+
+/// Serves `cfg`'s tools (`[search]` indexes, `[env]` settings) until a signal.
+pub fn serve_tools(
+    cfg: &Config,
+    addr: &str,
+    http: HttpOptions,
+    quiet: bool,
+    on_listen: Box<dyn FnOnce(std::net::SocketAddr) + Send>,
+) -> Result<()> {
+    let (index, report) = crate::setup::open_index(cfg, quiet)?;
+    if !quiet {
+        eprintln!("{report}");
+    }
+    let env = cfg.env_or_default();
+    let tools = mtrl_env::standard_tools(&env, Arc::new(index));
+    let system = env
+        .system_prompt
+        .clone()
+        .unwrap_or_else(|| mtrl_env::prompt::default_system_prompt(env.max_turns, env.final_k));
+    let service = Arc::new(ToolService::new(tools, &env, system));
+    let rt = runtime()?;
+    let server = rt
+        .block_on(Server::start(addr, service, http))
+        .map_err(|e| TrainError::msg(e.to_string()))?;
+    on_listen(server.addr);
+    on_signal(&rt, server.stopper());
+    rt.block_on(server.wait())?;
+    Ok(())
+}
