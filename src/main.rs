@@ -66,6 +66,8 @@ enum BenchCommand {
     Train(cmd::bench_train::BenchTrainArgs),
     /// The learner's stall per checkpoint, written on its thread and in the background.
     Checkpoint(cmd::bench_train::BenchCheckpointArgs),
+    /// The same episodes in-process and through the user's agent over HTTP, side by side.
+    Agent(cmd::bench_train::BenchAgentArgs),
 }
 
 fn main() {
@@ -93,6 +95,7 @@ fn main() {
         Some(Command::Bench(BenchCommand::Engine(a))) => cmd::bench_engine::run(&a),
         Some(Command::Bench(BenchCommand::Train(a))) => cmd::bench_train::run(&a),
         Some(Command::Bench(BenchCommand::Checkpoint(a))) => cmd::bench_train::run_checkpoint(&a),
+        Some(Command::Bench(BenchCommand::Agent(a))) => cmd::bench_train::run_agent(&a),
     };
     if let Err(err) = result {
         eprintln!("error: {err}");

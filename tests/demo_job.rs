@@ -94,6 +94,7 @@ fn default_job_runs_every_stage_and_writes_its_outputs() {
         "the teacher wrote a query"
     );
     kill_nine_and_faults(d);
+    agents(d);
 }
 
 /// The demo's RL stage from its SFT checkpoint in `d`, synchronous (η = 0), one episode at a time,
@@ -112,6 +113,10 @@ fn rl_config(d: &std::path::Path, name: &str) -> std::path::PathBuf {
         ),
         ("max_steps = 30", "max_steps = 4"),
         ("every_steps = 10", "every_steps = 1"),
+        (
+            "trajectories = true",
+            "trajectories = true\ntrajectory_tokens = true",
+        ),
     ] {
         assert!(text.contains(from), "demo.toml has no `{from}`");
         text = text.replace(from, to);
@@ -272,4 +277,256 @@ fn kill_nine_and_faults(d: &std::path::Path) {
         .all(|r| r.episodes_errored == 0 && r.groups_replaced == 0));
     let got = run_files(&d.join("rl-faults"));
     assert!(got.0 == want.0, "the faulty run trained other weights");
+}
+
+/// `cfg` with its episodes run by the agent at `url` (`[rollout] environment = "agent"`).
+fn through_agent(
+    cfg: &std::path::Path,
+    name: &str,
+    url: &str,
+    protocol: &str,
+) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(cfg).unwrap();
+    let from = "environment = \"search\"";
+    assert!(text.contains(from), "{} has no `{from}`", cfg.display());
+    let to =
+        format!("environment = \"agent\"\nagent_url = \"{url}\"\nagent_protocol = \"{protocol}\"");
+    let p = cfg.with_file_name(format!("{name}.toml"));
+    std::fs::write(&p, text.replace(from, &to)).unwrap();
+    p
+}
+
+/// A free loopback port (for agents that take `--port N`).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts an example agent app on a free port and waits for `GET /ping`.
+fn start_agent(script: &str, tools: &str) -> (common::Child, String) {
+    let port = free_port();
+    let mut c = std::process::Command::new(common::agent_python());
+    c.arg(common::repo().join(script))
+        .args(["--port", &port.to_string(), "--tools-url", tools])
+        .stdout(std::process::Stdio::null());
+    let child = common::Child(c.spawn().unwrap());
+    let url = format!("http://127.0.0.1:{port}");
+    let t0 = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(t0.elapsed().as_secs() < 60, "{script} did not start");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    (child, url)
+}
+
+/// An evaluation's per-task figures (wall times aside) and every episode's tokens.
+fn eval_rows(out: &std::path::Path) -> Vec<serde_json::Value> {
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("eval.json")).unwrap()).unwrap();
+    let mut rows: Vec<serde_json::Value> = v["datasets"][0]["runs"][0]["tasks"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let episodes: Vec<serde_json::Value> = std::fs::read_to_string(out.join("trajectories.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["trajectory"].clone())
+        .collect();
+    assert!(!episodes.is_empty());
+    rows.extend(tokens_of(&episodes));
+    rows
+}
+
+/// What must match between an in-process and an external episode: the exact ids, mask,
+/// log-probs and versions, the reward, the failure and the number of model calls.
+fn tokens_of(trajs: &[serde_json::Value]) -> Vec<serde_json::Value> {
+    trajs
+        .iter()
+        .map(|t| {
+            let keep = [
+                "task_id",
+                "tokens",
+                "loss_mask",
+                "logprobs",
+                "versions",
+                "prompt_len",
+                "reward",
+                "failure",
+                "turns",
+                "segment_starts",
+            ];
+            let mut o = t.as_object().unwrap().clone();
+            o.retain(|k, _| keep.contains(&k.as_str()));
+            serde_json::Value::Object(o)
+        })
+        .collect()
+}
+
+fn eval(cfg: &std::path::Path, model: &std::path::Path, out: &std::path::Path, extra: &[&str]) {
+    let mut args = vec![
+        "eval",
+        "--quiet",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--model",
+        model.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let (ok, stdout, stderr) = mtrl(&args);
+    assert!(ok, "mtrl eval failed:\n{stdout}\n{stderr}");
+}
+
+/// Bring your own agent, on the demo's SFT policy (it searches and submits over several turns):
+/// - the plain Python agent (`openai` + the standard library) evaluated through the policy
+///   endpoint gives, task by task, the in-process evaluation's trajectories — the same token
+///   ids, masks, log-probs and versions — and rewards, greedy and sampled (pass@k);
+/// - the agentcore-rl-toolkit agent (`AgentCoreRuntimeApp`) does too, unchanged;
+/// - RL steps through the strands-agents search agent in a bedrock-agentcore app record
+///   exactly what the engine sampled: the run's trajectory log equals the in-process run's
+///   (`rl-plain`, same seeds), so its groups reach the learner as in-process groups do.
+fn agents(d: &std::path::Path) {
+    let demo = d.join("demo.toml");
+    let sft = d.join("demo/sft");
+    let mut tools_cmd = std::process::Command::new(env!("CARGO_BIN_EXE_mtrl"));
+    tools_cmd.args([
+        "serve-tools",
+        "--quiet",
+        "--config",
+        demo.to_str().unwrap(),
+        "--addr",
+        "127.0.0.1:0",
+    ]);
+    let (_tools, tools_url) = common::start_server(tools_cmd);
+
+    let mut plain = std::process::Command::new(common::agent_python());
+    plain
+        .arg(common::repo().join("examples/agents/plain_agent.py"))
+        .args(["--port", "0", "--tools-url", &tools_url]);
+    let (_plain, plain_url) = common::start_server(plain);
+    let flags = ["--limit", "8", "--k", "2", "--samples", "2"];
+    eval(&demo, &sft, &d.join("eval-inproc"), &flags);
+    let agent_cfg = through_agent(&demo, "demo-plain-agent", &plain_url, "sagemaker");
+    eval(&agent_cfg, &sft, &d.join("eval-plain"), &flags);
+    let (want, got) = (
+        eval_rows(&d.join("eval-inproc")),
+        eval_rows(&d.join("eval-plain")),
+    );
+    assert_eq!(
+        got, want,
+        "the plain agent's evaluation differs from the in-process one"
+    );
+    let turns: u64 = want
+        .iter()
+        .filter_map(|t| t["turns"].as_f64())
+        .map(|t| t as u64)
+        .sum();
+    assert!(turns > 8, "the episodes are multi-turn: {want:?}");
+
+    let (_toolkit, toolkit_url) = start_agent("examples/agents/toolkit_agent/app.py", &tools_url);
+    let toolkit_cfg = through_agent(
+        &demo,
+        "demo-toolkit-agent",
+        &format!("{toolkit_url}/invocations"),
+        "agentcore-toolkit",
+    );
+    eval(
+        &toolkit_cfg,
+        &sft,
+        &d.join("eval-toolkit"),
+        &["--limit", "4", "--k", "0"],
+    );
+    eval(
+        &demo,
+        &sft,
+        &d.join("eval-inproc4"),
+        &["--limit", "4", "--k", "0"],
+    );
+    assert_eq!(
+        eval_rows(&d.join("eval-toolkit")),
+        eval_rows(&d.join("eval-inproc4"))
+    );
+
+    let (_strands, strands_url) = start_agent("examples/agents/search_agent/app.py", &tools_url);
+    let rl = through_agent(
+        &rl_config(d, "rl-strands"),
+        "rl-strands-agent",
+        &format!("{strands_url}/invocations"),
+        "sagemaker",
+    );
+    run_to_end(&rl, None, &["--max-steps", "2"]);
+    let logs = |run: &str| {
+        let mut files: Vec<_> = std::fs::read_dir(d.join(run).join("trajectories"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        lines(&files)
+    };
+    let (want, got) = (logs("rl-plain"), logs("rl-strands"));
+    assert_eq!(got.len(), 2 * 8, "two steps of 8 episodes");
+    // Step 1 (policy version 0, the same weights both ways): each episode is the in-process one,
+    // id for id, log-prob for log-prob. A standard OpenAI client cannot see a tool-call block the
+    // policy wrote malformed (in-process it gets an `error: …` tool response), so strands ends
+    // such an episode there: its record is then the in-process one cut after that turn.
+    let mut identical = 0;
+    for (g, w) in got[..8].iter().zip(&want[..8]) {
+        let (gi, wi) = (&g["ids"], &w["ids"]);
+        assert_eq!(g["task_id"], w["task_id"]);
+        let n = gi["tokens"].as_array().unwrap().len();
+        assert!(n > 0);
+        let unreadable = w["tool_calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["name"] == "error" && c["arguments"].is_null());
+        let key = |v: &serde_json::Value| {
+            (
+                v["ids"].clone(),
+                v["reward"].clone(),
+                v["failure"].clone(),
+                v["turns"].clone(),
+            )
+        };
+        if key(g) == key(w) {
+            identical += 1;
+            continue;
+        }
+        assert!(
+            unreadable,
+            "the strands episode differs without a malformed call:\n{g}\n{w}"
+        );
+        for key in ["tokens", "loss_mask", "logprobs", "versions"] {
+            assert_eq!(
+                gi[key].as_array().unwrap()[..],
+                wi[key].as_array().unwrap()[..n],
+                "{key}"
+            );
+        }
+    }
+    eprintln!("strands: {identical} of 8 step-1 episodes equal their in-process twins, the rest are their prefixes");
+    assert!(
+        identical >= 4,
+        "only {identical} of 8 strands episodes equal their in-process twins"
+    );
+    // Step 2 was sampled by version 1, the weights after step 1.
+    for g in &got[8..] {
+        let ids = &g["ids"];
+        let sampled: Vec<u64> = ids["versions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(ids["loss_mask"].as_array().unwrap())
+            .filter(|(_, m)| m.as_u64() == Some(1))
+            .map(|(v, _)| v.as_u64().unwrap())
+            .collect();
+        assert!(
+            !sampled.is_empty() && sampled.iter().all(|&v| v == 1),
+            "{g}"
+        );
+    }
 }

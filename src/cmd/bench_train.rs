@@ -47,3 +47,36 @@ pub fn run(args: &BenchTrainArgs) -> Result<()> {
     let out = mtrl_train::bench_train::bench_staleness(&cfg, args.steps, &args.staleness)?;
     print_pretty(&out)
 }
+
+#[derive(clap::Args, Debug)]
+pub struct BenchAgentArgs {
+    /// A config with `[rollout] environment = "agent"` and `agent_url` (the agent must be
+    /// running, e.g. examples/agents/plain_agent.py with mtrl serve-tools); `[data] test` gives
+    /// the tasks, `[rollout]` the sampling.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// The policy checkpoint folder.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Sampled episodes per task.
+    #[arg(long, default_value_t = 8)]
+    pub per_task: usize,
+    /// Episodes in flight.
+    #[arg(long, default_value_t = 256)]
+    pub concurrency: usize,
+    /// Only the first N tasks of each test file.
+    #[arg(long)]
+    pub limit: Option<usize>,
+}
+
+/// `mtrl bench agent`: the same episodes in-process and through the agent, as JSON.
+pub fn run_agent(args: &BenchAgentArgs) -> Result<()> {
+    let cfg = mtrl_core::Config::load(&args.config)?;
+    let b = mtrl_train::bench_agent::AgentBench {
+        model: &args.model,
+        per_task: args.per_task,
+        concurrency: args.concurrency,
+        limit: args.limit,
+    };
+    print_pretty(&mtrl_train::bench_agent::bench_agent(&cfg, &b)?)
+}

@@ -173,6 +173,27 @@ impl EvalReport {
         write_file(path, text.as_bytes())
     }
 
+    /// Writes every policy episode as a JSON line `{"benchmark", "model", "task", "sample",
+    /// "trajectory"}` (sample 0 = greedy, 1..=n the attempts) — what `[logging] trajectories`
+    /// asks an evaluation to keep.
+    pub fn write_trajectories(&self, path: &Path) -> Result<()> {
+        let mut out = String::new();
+        for d in &self.datasets {
+            for r in &d.runs {
+                for (i, g) in r.greedy.iter().enumerate() {
+                    let attempts = r.samples.get(i).map_or(&[][..], Vec::as_slice);
+                    for (s, t) in std::iter::once(g).chain(attempts).enumerate() {
+                        let line = serde_json::json!({"benchmark": d.benchmark, "model": r.label,
+                            "task": i, "sample": s, "trajectory": t});
+                        out.push_str(&line.to_string());
+                        out.push('\n');
+                    }
+                }
+            }
+        }
+        write_file(path, out.as_bytes())
+    }
+
     pub fn write_csv(&self, path: &Path) -> Result<()> {
         write_file(path, self.csv().as_bytes())
     }

@@ -38,7 +38,8 @@ mod record;
 
 pub use read::{read_file, read_run, trajectory_files, RunLog};
 pub use record::{
-    At, Kind, TokenCounts, TrajectoryRecord, VersionRange, FILE_PREFIX, TRAJLOG_FORMAT_VERSION,
+    At, Kind, TokenCounts, TokenVectors, TrajectoryRecord, VersionRange, FILE_PREFIX,
+    TRAJLOG_FORMAT_VERSION,
 };
 
 /// How the log writes.
@@ -48,6 +49,8 @@ pub struct LogOptions {
     pub rotate_bytes: u64,
     /// Records that may wait for the writer; more are dropped.
     pub queue: usize,
+    /// Records carry the token vectors ([`TokenVectors`]).
+    pub tokens: bool,
 }
 
 impl Default for LogOptions {
@@ -55,6 +58,7 @@ impl Default for LogOptions {
         LogOptions {
             rotate_bytes: 64_000_000,
             queue: 4096,
+            tokens: false,
         }
     }
 }
@@ -65,6 +69,7 @@ impl LogOptions {
         LogOptions {
             rotate_bytes: cfg.trajectory_rotate_mb as u64 * 1_000_000,
             queue: cfg.trajectory_queue,
+            tokens: cfg.trajectory_tokens,
         }
     }
 }
@@ -139,6 +144,7 @@ pub struct TrajectoryLog {
     tx: Option<Sender<TrajectoryRecord>>,
     worker: Option<JoinHandle<()>>,
     shared: Arc<Shared>,
+    tokens: bool,
 }
 
 impl TrajectoryLog {
@@ -175,6 +181,7 @@ impl TrajectoryLog {
             tx: Some(tx),
             worker: Some(worker),
             shared,
+            tokens: opts.tokens,
         })
     }
 
@@ -199,9 +206,17 @@ impl TrajectoryLog {
         sent
     }
 
+    fn record(&self, kind: Kind, step: At, sample: u32, t: &Trajectory) -> TrajectoryRecord {
+        let mut r = TrajectoryRecord::new(kind, step, sample, t);
+        if self.tokens {
+            r.ids = Some(TokenVectors::of(t));
+        }
+        r
+    }
+
     /// Queues one trajectory (sample index 0); false when it was dropped.
     pub fn send(&self, kind: Kind, step: impl Into<At>, t: &Trajectory) -> bool {
-        self.send_record(TrajectoryRecord::new(kind, step.into(), 0, t))
+        self.send_record(self.record(kind, step.into(), 0, t))
     }
 
     /// Queues every trajectory of a batch of groups, each with its index in its group; returns
@@ -216,8 +231,7 @@ impl TrajectoryLog {
         let mut queued = 0;
         for group in groups {
             for (i, t) in group.iter().enumerate() {
-                queued += self.send_record(TrajectoryRecord::new(kind, step.clone(), i as u32, t))
-                    as usize;
+                queued += self.send_record(self.record(kind, step.clone(), i as u32, t)) as usize;
             }
         }
         queued

@@ -53,6 +53,8 @@ pub struct Gateway {
     served: Option<Served>,
     slots: Mutex<HashMap<String, Slot>>,
     models: Mutex<Vec<String>>,
+    /// Wall time of every trajectory model call (prepare, generate, record), in ms.
+    latencies: Mutex<Vec<f64>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -76,6 +78,7 @@ impl Gateway {
             served,
             slots: Mutex::new(HashMap::new()),
             models: Mutex::new(models),
+            latencies: Mutex::new(Vec::new()),
         }
     }
 
@@ -151,6 +154,17 @@ impl Gateway {
             || cap.failure().is_some()
     }
 
+    /// The latencies of the trajectory calls served since the last take, in ms.
+    pub fn take_latencies(&self) -> Vec<f64> {
+        std::mem::take(&mut lock(&self.latencies))
+    }
+
+    fn timed(&self, t0: std::time::Instant) {
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        metrics::histogram!("mtrl_serve_call_ms").record(ms);
+        lock(&self.latencies).push(ms);
+    }
+
     pub fn is_known(&self, id: &str) -> bool {
         lock(&self.slots).contains_key(id)
     }
@@ -204,6 +218,7 @@ impl Gateway {
                         "stop strings are not served on trajectories (the policy's end-of-turn token ends a message)",
                     ));
                 }
+                let t0 = std::time::Instant::now();
                 let (cap, _) = self.slot(t)?;
                 let mut cap = cap.lock().await;
                 let p = cap.prepare(&req.messages, &req.tools, req.sampling.max_tokens)?;
@@ -229,6 +244,7 @@ impl Gateway {
                     &format!("{turn}"),
                 )?;
                 let choice = choice(&spec.codec, reply, String::new(), ended, &c, req.logprobs)?;
+                self.timed(t0);
                 (
                     vec![choice],
                     prompt,
@@ -386,6 +402,7 @@ impl Gateway {
         let req = request::sample(body)?;
         let c = match traj {
             Some(t) => {
+                let t0 = std::time::Instant::now();
                 let (cap, _) = self.slot(t)?;
                 let mut cap = cap.lock().await;
                 let p = cap.prepare_ids(&req.input_ids, req.sampling.max_tokens)?;
@@ -402,6 +419,7 @@ impl Gateway {
                 )
                 .await?;
                 cap.record(p, &c, false, false, "")?;
+                self.timed(t0);
                 c
             }
             None => {

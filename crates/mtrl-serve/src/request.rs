@@ -154,9 +154,8 @@ impl<'a> Fields<'a> {
 
     fn only(&self, allowed: &[&str]) -> Result<(), ApiError> {
         for k in self.map.keys() {
-            if !allowed.contains(&k.as_str())
-                && !(self.prefix.is_empty() && IGNORED.contains(&k.as_str()))
-            {
+            let ignored = self.prefix.is_empty() && IGNORED.contains(&k.as_str());
+            if !(allowed.contains(&k.as_str()) || ignored) {
                 return Err(ApiError::field(
                     self.path(k),
                     format!("unknown field (accepted: {})", allowed.join(", ")),
@@ -298,7 +297,7 @@ fn sampling(f: &Fields<'_>) -> Result<Sampling, ApiError> {
     Ok(Sampling {
         temperature: f.f64_in("temperature", 0.0, 2.0)?,
         top_p: match f.f64_in("top_p", 0.0, 1.0)? {
-            Some(p) if p == 0.0 => return Err(ApiError::field("top_p", "must be in (0, 1]")),
+            Some(0.0) => return Err(ApiError::field("top_p", "must be in (0, 1]")),
             p => p,
         },
         top_k: match f.get("top_k").and_then(Value::as_i64) {

@@ -94,6 +94,11 @@ impl AgentHost {
         })
     }
 
+    /// The endpoint's per-call latencies since the last take, in ms.
+    pub fn take_latencies(&self) -> Vec<f64> {
+        self.gateway.take_latencies()
+    }
+
     /// Stops the endpoint (in-flight calls finish first).
     pub fn shutdown(mut self) {
         if let Some(s) = self.server.take() {

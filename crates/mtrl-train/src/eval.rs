@@ -56,7 +56,12 @@ pub fn run(cfg: &Config, mut job: EvalJob, out: &Path) -> Result<EvalOutcome> {
         h.shutdown();
     }
     let done = done.map_err(TrainError::from).and_then(|report| {
-        let written = report.write_all(out)?;
+        let mut written = report.write_all(out)?;
+        if cfg.logging.trajectories {
+            let p = out.join("trajectories.jsonl");
+            report.write_trajectories(&p)?;
+            written.push(p);
+        }
         for d in &report.datasets {
             for r in &d.runs {
                 t.record(Record::Eval {

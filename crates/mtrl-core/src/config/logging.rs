@@ -5,6 +5,8 @@
 //! trajectories = true                 # log every trajectory to <checkpoint.dir>/trajectories/
 //! trajectory_rotate_mb = 64           # start a new trajectories-NNNNN.jsonl past this size
 //! trajectory_queue = 4096             # records waiting for the writer; more are dropped and counted
+//! trajectory_tokens = false           # also log each trajectory's token ids, loss mask, log-probs
+//!                                     # and versions (what the learner trained on)
 //! prometheus = "127.0.0.1:9000"       # optional: serve /metrics for Prometheus on this address
 //! mlflow = "http://127.0.0.1:5000"    # optional: MLflow tracking server (params, metrics, artifacts)
 //! mlflow_experiment = "mtrl"          # MLflow experiment the runs go to (created when missing)
@@ -21,6 +23,7 @@ pub struct LoggingSpec {
     pub trajectories: Option<bool>,
     pub trajectory_rotate_mb: Option<usize>,
     pub trajectory_queue: Option<usize>,
+    pub trajectory_tokens: Option<bool>,
     pub prometheus: Option<String>,
     pub mlflow: Option<String>,
     pub mlflow_experiment: Option<String>,
@@ -33,6 +36,8 @@ pub struct LoggingConfig {
     pub trajectory_rotate_mb: usize,
     /// Capacity of the trajectory writer's queue.
     pub trajectory_queue: usize,
+    /// Log the token vectors too.
+    pub trajectory_tokens: bool,
     pub prometheus: Option<String>,
     pub mlflow: Option<String>,
     /// MLflow experiment name (default [`DEFAULT_MLFLOW_EXPERIMENT`]).
@@ -52,6 +57,7 @@ impl Default for LoggingConfig {
             trajectories: false,
             trajectory_rotate_mb: DEFAULT_TRAJECTORY_ROTATE_MB,
             trajectory_queue: DEFAULT_TRAJECTORY_QUEUE,
+            trajectory_tokens: false,
             prometheus: None,
             mlflow: None,
             mlflow_experiment: DEFAULT_MLFLOW_EXPERIMENT.to_string(),
@@ -86,8 +92,16 @@ impl LoggingSpec {
             .trajectory_rotate_mb
             .unwrap_or(DEFAULT_TRAJECTORY_ROTATE_MB);
         let queue = self.trajectory_queue.unwrap_or(DEFAULT_TRAJECTORY_QUEUE);
+        let trajectories = self.trajectories.unwrap_or(false);
+        if self.trajectory_tokens.is_some() && !trajectories {
+            return Err(ctx.invalid(
+                "logging.trajectory_tokens",
+                "has no effect unless logging.trajectories = true",
+            ));
+        }
         Ok(LoggingConfig {
-            trajectories: self.trajectories.unwrap_or(false),
+            trajectories,
+            trajectory_tokens: self.trajectory_tokens.unwrap_or(false),
             trajectory_rotate_mb: ctx.range("logging.trajectory_rotate_mb", rotate, 1, 1 << 20)?,
             trajectory_queue: ctx.range("logging.trajectory_queue", queue, 1, 1 << 24)?,
             prometheus: self.prometheus,

@@ -113,6 +113,32 @@ pub struct TrajectoryRecord {
     pub tool_errors: u32,
     pub answer: Option<Vec<String>>,
     pub messages: Vec<Message>,
+    /// The token vectors (`[logging] trajectory_tokens`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ids: Option<TokenVectors>,
+}
+
+/// A trajectory's tokens as the learner sees them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenVectors {
+    pub tokens: Vec<u32>,
+    pub loss_mask: Vec<u8>,
+    pub logprobs: Vec<f32>,
+    pub versions: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub segment_starts: Vec<usize>,
+}
+
+impl TokenVectors {
+    pub fn of(t: &Trajectory) -> TokenVectors {
+        TokenVectors {
+            tokens: t.tokens.clone(),
+            loss_mask: t.loss_mask.clone(),
+            logprobs: t.logprobs.clone(),
+            versions: t.versions.clone(),
+            segment_starts: t.segment_starts.clone(),
+        }
+    }
 }
 
 impl TrajectoryRecord {
@@ -156,6 +182,7 @@ impl TrajectoryRecord {
             tool_errors: t.tools.errors,
             answer: t.answer.clone(),
             messages: t.messages.clone(),
+            ids: None,
         }
     }
 

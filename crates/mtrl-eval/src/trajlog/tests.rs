@@ -92,11 +92,33 @@ fn lines_round_trip_and_resumed_logs_continue_numbering() {
 }
 
 #[test]
+fn token_vectors_are_logged_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = traj("q", 0.5, 3);
+    for tokens in [false, true] {
+        let d = dir.path().join(format!("t{tokens}"));
+        let opts = LogOptions {
+            tokens,
+            ..LogOptions::default()
+        };
+        let log = TrajectoryLog::open(&d, opts).unwrap();
+        log.send(Kind::Train, 1u64, &t);
+        log.close().unwrap();
+        let r = &read_run(&d).unwrap().records[0];
+        match tokens {
+            false => assert!(r.ids.is_none()),
+            true => assert_eq!(r.ids.as_ref().unwrap(), &TokenVectors::of(&t)),
+        }
+    }
+}
+
+#[test]
 fn rotates_past_the_size_limit() {
     let dir = tempfile::tempdir().unwrap();
     let opts = LogOptions {
         rotate_bytes: 2_000,
         queue: 64,
+        tokens: false,
     };
     let log = TrajectoryLog::open(&dir.path().join("trajectories"), opts).unwrap();
     for i in 0..20 {
@@ -128,6 +150,7 @@ fn a_full_queue_drops_and_counts_instead_of_blocking() {
     let opts = LogOptions {
         rotate_bytes: 1 << 20,
         queue: 2,
+        tokens: false,
     };
     let log = TrajectoryLog::open(dir.path(), opts).unwrap();
     let t = traj("q", 0.0, 1);
