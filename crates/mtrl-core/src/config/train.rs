@@ -213,6 +213,16 @@ mod tests {
         assert_eq!(c.rollout.group_size, 4);
         assert_eq!(c.rollout.rollout_max_concurrency, 32);
         assert_eq!(c.rollout.environment, EnvironmentKind::Pick);
+        assert!(c.rollout.agent.is_none());
+        let a = load("[rollout]\nenvironment = 'agent'\nagent_url = 'http://127.0.0.1:9/x'\n")
+            .unwrap()
+            .rollout
+            .agent
+            .unwrap();
+        assert_eq!(
+            (a.url.as_str(), a.protocol.as_str(), a.listen.as_str()),
+            ("http://127.0.0.1:9/x", "sagemaker", "127.0.0.1:0")
+        );
         assert_eq!(
             (c.algorithm.max_staleness, c.algorithm.loss.as_str()),
             (0, "cispo")
@@ -251,6 +261,24 @@ mod tests {
             ("[rollout]\ngroup_size = 0\n", "rollout.group_size"),
             ("[rollout]\ntemperature = 0.0\n", "rollout.temperature"),
             ("[rollout]\nenvironment = 'chess'\n", "rollout.environment"),
+            ("[rollout]\nenvironment = 'agent'\n", "rollout.agent_url"),
+            ("[rollout]\nagent_url = 'http://a'\n", "rollout.agent_url"),
+            (
+                "[rollout]\nenvironment = 'agent'\nagent_url = 'ftp://a'\n",
+                "rollout.agent_url",
+            ),
+            (
+                "[rollout]\nenvironment = 'agent'\nagent_url = 'http://a'\nagent_protocol = 'x'\n",
+                "rollout.agent_protocol",
+            ),
+            (
+                "[rollout]\nenvironment = 'agent'\nagent_url = 'http://a'\nagent_listen = 'here'\n",
+                "rollout.agent_listen",
+            ),
+            (
+                "[logging]\ntrajectory_tokens = true\n",
+                "logging.trajectory_tokens",
+            ),
             ("[algorithm]\nloss = 'dpo'\n", "algorithm.loss"),
             ("[algorithm]\nadvantage = 'gae'\n", "algorithm.advantage"),
             ("[algorithm]\nloss_agg = 'sum'\n", "algorithm.loss_agg"),
