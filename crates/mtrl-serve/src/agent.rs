@@ -111,10 +111,29 @@ fn payload(s: &AgentSettings, task: &Task, id: &str, cx: &EpisodeContext) -> Val
             "prompt": task.prompt,
             "_config": {"base_url": format!("{}/v1", s.endpoint), "model_id": s.model, "api_key": id,
                         "sampling_params": params},
+            // For `AgentCoreRLApp` / `rollout_entrypoint` apps: the result goes to
+            // s3://mtrl/<exp_id>/<id>/<session>.json, which the policy endpoint takes at
+            // PUT /s3/… when the app runs with AWS_ENDPOINT_URL_S3=<endpoint>/s3.
+            "_rollout": {"base_url": format!("{}/v1", s.endpoint), "model_id": s.model, "api_key": id,
+                         "sampling_params": params, "exp_id": s3_safe(&s.job), "input_id": id,
+                         "s3_bucket": "mtrl"},
             "_agentcore_runtime": {"version": 1, "operation": "start", "invocation_id": id,
                                    "background": false},
         }),
     }
+}
+
+/// A path segment of an S3 key: letters, digits, `-`, `_`, `.`.
+fn s3_safe(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect()
 }
 
 /// Drops the trajectory when the attempt ends however it ends.
@@ -140,6 +159,8 @@ fn response_report(v: &Value, protocol: Protocol) -> Result<request::RewardRepor
             }
             match obj.get("status").and_then(Value::as_str) {
                 Some("completed") => {}
+                // A `rollout_entrypoint` app: the result arrives at PUT /s3/….
+                Some("processing") => return Ok(request::RewardReport::default()),
                 s => return Err(format!("invocation status {s:?}, not \"completed\"")),
             }
             obj.get("result")

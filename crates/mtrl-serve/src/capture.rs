@@ -86,6 +86,9 @@ pub struct Report {
     pub agent_failure: Option<String>,
     pub metrics: Vec<(String, f64)>,
     pub completed: bool,
+    /// The agent itself failed (an exception, a 500 result): the attempt errors and is retried,
+    /// it is not scored.
+    pub error: Option<String>,
 }
 
 /// One trajectory's record.
@@ -356,6 +359,9 @@ impl Capture {
     /// The finished trajectory: the agent's reward, or `failure_reward` when a budget ran out or
     /// the agent reported a failure; per-turn rewards when the agent gave one per call.
     pub fn finish(&self, failure_reward: f64) -> Result<Trajectory, String> {
+        if let Some(e) = &self.report.error {
+            return Err(format!("the agent failed: {e}"));
+        }
         let mut t = self.traj.clone();
         t.scores = self.report.metrics.clone();
         if t.failure.is_none() {

@@ -490,6 +490,56 @@ impl Gateway {
         Ok(Body::Json(json!({"trajectoryId": id, "status": "ok"})))
     }
 
+    /// `PUT /s3/<bucket>/<exp_id>/<input_id>/<session>.json`: the result object an
+    /// `agentcore-rl-toolkit` `rollout_entrypoint` app saves through boto3 when
+    /// `AWS_ENDPOINT_URL_S3` points here — `{"rewards": x | [.., last], "status_code", "stop_reason",
+    /// …}`. It completes the rollout; `status_code` ≥ 400 makes the attempt an error (retried).
+    pub async fn s3_result(&self, traj: Option<&str>, body: &[u8]) -> Result<Body, ApiError> {
+        let id = traj.ok_or_else(|| {
+            ApiError::bad_request("expected /s3/<bucket>/<exp_id>/<input_id>/<session>.json")
+        })?;
+        let v = request::object(body)?;
+        let (cap, done) = self.slot(id)?;
+        let mut cap = cap.lock().await;
+        if cap.report.completed {
+            return Err(ApiError::status(
+                409,
+                format!("trajectory `{id}` is already complete"),
+            ));
+        }
+        let status = v.get("status_code").and_then(Value::as_u64).unwrap_or(200);
+        if status >= 400 {
+            let why = v
+                .get("stop_reason")
+                .and_then(Value::as_str)
+                .unwrap_or("no stop_reason");
+            cap.report.error = Some(format!("status_code {status}: {why}"));
+        } else {
+            // The toolkit's convention: a list of rewards means its last element.
+            let known = ["rewards", "reward", "status", "failure", "metrics"];
+            let mut m: serde_json::Map<String, Value> = v
+                .iter()
+                .filter(|(k, _)| known.contains(&k.as_str()))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            for key in ["rewards", "reward"] {
+                if let Some(Value::Array(a)) = m.get(key) {
+                    let last = a.last().cloned().unwrap_or(Value::Null);
+                    m.insert(key.to_string(), last);
+                }
+            }
+            let r = request::reward_report(Value::Object(m).to_string().as_bytes())?;
+            cap.report.reward = r.reward.or(cap.report.reward.take());
+            cap.report.agent_failure = r.failure.or(cap.report.agent_failure.take());
+            if !r.metrics.is_empty() {
+                cap.report.metrics = r.metrics;
+            }
+        }
+        cap.report.completed = true;
+        done.notify_one();
+        Ok(Body::Json(json!({})))
+    }
+
     /// `POST /trajectories`: a captured trajectory on the standalone engine.
     pub fn create(&self) -> Result<Body, ApiError> {
         let s = self.served()?.clone();

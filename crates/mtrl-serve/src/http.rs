@@ -62,6 +62,10 @@ pub trait Service: Send + Sync + 'static {
     fn knows(&self, _id: &str) -> bool {
         false
     }
+    /// A trajectory id a route carries in its path (beyond the `/t/<id>` prefix).
+    fn path_trajectory(&self, _path: &str) -> Option<String> {
+        None
+    }
 }
 
 struct App<S> {
@@ -184,7 +188,11 @@ async fn handle<S: Service>(State(app): State<Arc<App<S>>>, req: Request) -> Res
         .map(str::to_string);
     let bearer = bearer(&parts.headers).map(str::to_string);
     let bearer_id = bearer.clone().filter(|b| b.starts_with("mtrl-"));
-    let trajectory = prefixed.map(str::to_string).or(header_id).or(bearer_id);
+    let trajectory = prefixed
+        .map(str::to_string)
+        .or_else(|| app.service.path_trajectory(path))
+        .or(header_id)
+        .or(bearer_id);
     if let Some(token) = &app.opts.token {
         // A live trajectory's id (128 random bits, handed only to its agent) authenticates the
         // calls that name it.

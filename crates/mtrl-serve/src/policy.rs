@@ -29,6 +29,7 @@ impl Service for Gateway {
                     self.report(t, c.body, true).await
                 }
                 (&Method::POST, "/trajectories") => self.create(),
+                (&Method::PUT, p) if p.starts_with("/s3/") => self.s3_result(t, c.body).await,
                 (m, p) if p.starts_with("/trajectories/") => {
                     let id = &p["/trajectories/".len()..];
                     match *m {
@@ -44,5 +45,11 @@ impl Service for Gateway {
 
     fn knows(&self, id: &str) -> bool {
         self.is_known(id)
+    }
+
+    /// `PUT /s3/<bucket>/<exp_id>/<input_id>/<session>.json`: the input id is the trajectory.
+    fn path_trajectory(&self, path: &str) -> Option<String> {
+        let parts: Vec<&str> = path.strip_prefix("/s3/")?.split('/').collect();
+        (parts.len() == 4).then(|| parts[2].to_string())
     }
 }
