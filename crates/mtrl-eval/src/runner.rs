@@ -39,8 +39,8 @@ pub struct Episodes {
     pub greedy_s: f64,
 }
 
-/// The rollout driver of a policy with the given codec (external agents).
-pub type AgentDrivers = Arc<dyn Fn(Arc<dyn ChatCodec>) -> Arc<dyn Driver> + Send + Sync>;
+/// The rollout driver of a policy with the given codec and context window (external agents).
+pub type AgentDrivers = Arc<dyn Fn(Arc<dyn ChatCodec>, usize) -> Arc<dyn Driver> + Send + Sync>;
 
 /// How a policy's episodes are run.
 pub struct PolicyRun<'a> {
@@ -124,9 +124,8 @@ pub fn run_policy(
     let mut env = run.env.clone();
     // Beyond the model's window the engine refuses the request and the whole run would stop;
     // capped, such an episode ends as context_overflow like any other budget.
-    env.max_context_tokens = env
-        .max_context_tokens
-        .min(policy.config().max_position_embeddings);
+    let window = policy.config().max_position_embeddings;
+    env.max_context_tokens = env.max_context_tokens.min(window);
     let engine = Engine::new(policy, None, 0, run.max_batch)
         .map_err(|e| episode_error(run.label, "-", e))?;
     let engine = EngineThread::spawn(engine).map_err(|e| episode_error(run.label, "-", e))?;
@@ -134,7 +133,7 @@ pub fn run_policy(
     SearchEnv::standard(env.clone(), index.clone())
         .map_err(|e| episode_error(run.label, "-", e))?;
     let envs: Arc<dyn Driver> = match &run.agent {
-        Some(drivers) => drivers(codec),
+        Some(drivers) => drivers(codec, window),
         None => {
             let envs: EnvFactory = Arc::new(move || {
                 let e = SearchEnv::standard(env.clone(), index.clone())?;

@@ -86,11 +86,14 @@ impl AgentHost {
         ))
     }
 
-    /// Drivers for evaluated policies (one per policy codec).
+    /// Drivers for evaluated policies (one per policy: its codec, and its window capping the
+    /// context budget as in-process).
     pub fn drivers(&self) -> mtrl_eval::runner::AgentDrivers {
         let (gateway, settings) = (self.gateway.clone(), self.settings.clone());
-        Arc::new(move |codec| {
-            Arc::new(AgentDriver::new(gateway.clone(), codec, settings.clone())) as Arc<dyn Driver>
+        Arc::new(move |codec, window| {
+            let mut s = settings.clone();
+            s.budgets.max_context_tokens = s.budgets.max_context_tokens.min(window);
+            Arc::new(AgentDriver::new(gateway.clone(), codec, s)) as Arc<dyn Driver>
         })
     }
 
