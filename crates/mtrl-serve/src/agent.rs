@@ -18,7 +18,7 @@ use mtrl_core::{ChatCodec, Trajectory};
 use mtrl_env::Task;
 use mtrl_rollout::episode::{session_key, Driver, EpisodeContext, EpisodeFuture};
 use mtrl_rollout::{EpisodeId, RolloutError};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use crate::capture::{Budgets, Spec};
 use crate::gateway::Gateway;
@@ -168,13 +168,7 @@ fn response_report(v: &Value, protocol: Protocol) -> Result<request::RewardRepor
                 .ok_or("a completed invocation without a `result` object")?
         }
     };
-    let keys = ["reward", "rewards", "status", "failure", "metrics"];
-    let known: Map<String, Value> = obj
-        .iter()
-        .filter(|(k, _)| keys.contains(&k.as_str()))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    request::reward_report(Value::Object(known).to_string().as_bytes()).map_err(|e| e.message)
+    request::reward_fields(obj).map_err(|e| e.message)
 }
 
 impl Driver for AgentDriver {

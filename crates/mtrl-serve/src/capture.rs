@@ -91,6 +91,21 @@ pub struct Report {
     pub error: Option<String>,
 }
 
+impl Report {
+    /// Takes what `r` reports; fields it leaves out keep their earlier value.
+    pub fn merge(&mut self, r: crate::request::RewardReport) {
+        if r.reward.is_some() {
+            self.reward = r.reward;
+        }
+        if r.failure.is_some() {
+            self.agent_failure = r.failure;
+        }
+        if !r.metrics.is_empty() {
+            self.metrics = r.metrics;
+        }
+    }
+}
+
 /// One trajectory's record.
 pub struct Capture {
     pub spec: Spec,
@@ -312,18 +327,7 @@ impl Capture {
         }
         self.traj.push_sampled(&c.tokens, &c.logprobs, &c.versions);
         self.traj.turns += 1;
-        let stops = self.spec.codec.stop_token_ids();
-        let ended = c.tokens.last().is_some_and(|t| stops.contains(t));
-        let body = if ended {
-            &c.tokens[..c.tokens.len() - 1]
-        } else {
-            &c.tokens[..]
-        };
-        let text = self
-            .spec
-            .codec
-            .decode(body)
-            .map_err(|e| ApiError::status(500, e.to_string()))?;
+        let (text, ended) = render::message_text(self.spec.codec.as_ref(), &c.tokens)?;
         if !ended {
             self.traj.failure = Some(if p.capped && c.tokens.len() == p.max_new_tokens {
                 FailureReason::ContextOverflow

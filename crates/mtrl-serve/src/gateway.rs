@@ -137,15 +137,7 @@ impl Gateway {
         };
         let mut cap = cap.lock().await;
         if !cap.report.completed {
-            if r.reward.is_some() {
-                cap.report.reward = r.reward;
-            }
-            if r.failure.is_some() {
-                cap.report.agent_failure = r.failure;
-            }
-            if !r.metrics.is_empty() {
-                cap.report.metrics = r.metrics;
-            }
+            cap.report.merge(r);
         }
         let rep = &cap.report;
         rep.completed
@@ -225,15 +217,7 @@ impl Gateway {
                 format!("trajectory `{id}` is already complete"),
             ));
         }
-        if r.reward.is_some() {
-            cap.report.reward = r.reward;
-        }
-        if r.failure.is_some() {
-            cap.report.agent_failure = r.failure;
-        }
-        if !r.metrics.is_empty() {
-            cap.report.metrics = r.metrics;
-        }
+        cap.report.merge(r);
         if complete {
             cap.report.completed = true;
             done.notify_one();
@@ -267,24 +251,14 @@ impl Gateway {
             cap.report.error = Some(format!("status_code {status}: {why}"));
         } else {
             // The toolkit's convention: a list of rewards means its last element.
-            let known = ["rewards", "reward", "status", "failure", "metrics"];
-            let mut m: serde_json::Map<String, Value> = v
-                .iter()
-                .filter(|(k, _)| known.contains(&k.as_str()))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
+            let mut m = v;
             for key in ["rewards", "reward"] {
                 if let Some(Value::Array(a)) = m.get(key) {
                     let last = a.last().cloned().unwrap_or(Value::Null);
                     m.insert(key.to_string(), last);
                 }
             }
-            let r = request::reward_report(Value::Object(m).to_string().as_bytes())?;
-            cap.report.reward = r.reward.or(cap.report.reward.take());
-            cap.report.agent_failure = r.failure.or(cap.report.agent_failure.take());
-            if !r.metrics.is_empty() {
-                cap.report.metrics = r.metrics;
-            }
+            cap.report.merge(request::reward_fields(&m)?);
         }
         cap.report.completed = true;
         done.notify_one();

@@ -21,6 +21,25 @@ pub struct Reply {
     pub invalid: Vec<(usize, String)>,
 }
 
+/// The text of a message's sampled ids without its end-of-turn token, and whether it ended with
+/// one (an end-of-turn or EOS id of `codec`).
+pub fn message_text(
+    codec: &dyn mtrl_core::ChatCodec,
+    tokens: &[u32],
+) -> Result<(String, bool), crate::error::ApiError> {
+    let stops = codec.stop_token_ids();
+    let ended = tokens.last().is_some_and(|t| stops.contains(t));
+    let body = if ended {
+        &tokens[..tokens.len() - 1]
+    } else {
+        tokens
+    };
+    let text = codec
+        .decode(body)
+        .map_err(|e| crate::error::ApiError::status(500, e.to_string()))?;
+    Ok((text, ended))
+}
+
 /// Splits sampled text into content and tool calls. `parse_tools = false` (`tool_choice =
 /// "none"`) leaves everything in the content; `parallel = false` keeps the first call only.
 pub fn reply(text: &str, parse_tools: bool, parallel: bool, id_prefix: &str) -> Reply {

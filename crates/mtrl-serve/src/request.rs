@@ -192,16 +192,19 @@ pub fn sample(body: &[u8]) -> Result<SampleRequest, ApiError> {
 /// `reward`, `status`; mtrl's `failure` and `metrics`).
 pub fn reward_report(body: &[u8]) -> Result<RewardReport, ApiError> {
     let map = object(body)?;
-    let f = Fields::new(&map, "");
-    f.only(&[
-        "trajectoryId",
-        "trajectory_id",
-        "reward",
-        "rewards",
-        "status",
-        "failure",
-        "metrics",
-    ])?;
+    let mut keys = vec!["trajectoryId", "trajectory_id"];
+    keys.extend_from_slice(RESULT_KEYS);
+    Fields::new(&map, "").only(&keys)?;
+    reward_fields(&map)
+}
+
+/// The reward fields of an agent's result object.
+pub const RESULT_KEYS: &[&str] = &["reward", "rewards", "status", "failure", "metrics"];
+
+/// Reads the reward fields of `map` ([`RESULT_KEYS`] and the trajectory id); other fields are
+/// left alone (an agent's answer carries its own).
+pub fn reward_fields(map: &Map<String, Value>) -> Result<RewardReport, ApiError> {
+    let f = Fields::new(map, "");
     let trajectory = match f.str("trajectoryId")? {
         Some(t) => Some(t.to_string()),
         None => f.str("trajectory_id")?.map(str::to_string),

@@ -384,7 +384,8 @@ impl Loop<'_> {
             self.parts.codec.stop_token_ids(),
         )?;
         if opts.watch_signals {
-            watch_signals(&rt, opts.stop.clone());
+            let stop = opts.stop.clone();
+            on_signal(&rt, move || stop.store(true, Ordering::SeqCst));
         }
         let (step, version) = (self.start.state.step, self.learner.version());
         let faults = Arc::new(Faults::from_env(cfg.train.seed)?);
@@ -630,8 +631,9 @@ fn next_batch(
     }
 }
 
-/// Ctrl-C and SIGTERM raise `stop`; the learner loop then checkpoints and returns.
-fn watch_signals(rt: &tokio::runtime::Runtime, stop: Arc<AtomicBool>) {
+/// Runs `then` on Ctrl-C or SIGTERM (training raises its stop flag and checkpoints; the servers
+/// stop accepting and drain).
+pub(crate) fn on_signal(rt: &tokio::runtime::Runtime, then: impl FnOnce() + Send + 'static) {
     rt.spawn(async move {
         #[cfg(unix)]
         {
@@ -646,6 +648,6 @@ fn watch_signals(rt: &tokio::runtime::Runtime, stop: Arc<AtomicBool>) {
         }
         #[cfg(not(unix))]
         let _ = tokio::signal::ctrl_c().await;
-        stop.store(true, Ordering::SeqCst);
+        then();
     });
 }

@@ -10,9 +10,9 @@ use mtrl_core::{Config, EnvConfig};
 use mtrl_model::Engine;
 use mtrl_rollout::engine_thread::EngineThread;
 use mtrl_serve::{Budgets, Gateway, HttpOptions, Served, Server, ToolService};
-use tokio_util::sync::CancellationToken;
 
 use crate::error::{Result, TrainError};
+use crate::run::on_signal;
 
 /// How `mtrl serve` runs.
 pub struct ServeOptions {
@@ -34,27 +34,6 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .worker_threads(2)
         .enable_all()
         .build()?)
-}
-
-/// Cancels `stop` on Ctrl-C or SIGTERM.
-fn on_signal(rt: &tokio::runtime::Runtime, stop: CancellationToken) {
-    rt.spawn(async move {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{signal, SignalKind};
-            let mut term = match signal(SignalKind::terminate()) {
-                Ok(t) => t,
-                Err(_) => return,
-            };
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        }
-        #[cfg(not(unix))]
-        let _ = tokio::signal::ctrl_c().await;
-        stop.cancel();
-    });
 }
 
 /// Serves the policy at `opts.model` until a signal.
@@ -96,7 +75,8 @@ pub fn serve_policy(opts: ServeOptions) -> Result<()> {
     let rt = runtime()?;
     let server = rt.block_on(Server::start(&opts.addr, gateway, opts.http))?;
     (opts.on_listen)(server.addr);
-    on_signal(&rt, server.stopper());
+    let stop = server.stopper();
+    on_signal(&rt, move || stop.cancel());
     let served = rt.block_on(server.wait());
     let stopped = engine.shutdown();
     served?;
@@ -128,7 +108,8 @@ pub fn serve_tools(
         .block_on(Server::start(addr, service, http))
         .map_err(|e| TrainError::msg(e.to_string()))?;
     on_listen(server.addr);
-    on_signal(&rt, server.stopper());
+    let stop = server.stopper();
+    on_signal(&rt, move || stop.cancel());
     rt.block_on(server.wait())?;
     Ok(())
 }

@@ -315,20 +315,9 @@ async fn submit(gen: &GenClient, req: GenerationRequest) -> Result<Completion, A
 
 /// Text of a completion without its end-of-turn token; whether the message ended.
 fn decode_body(codec: &Arc<dyn ChatCodec>, c: &Completion) -> Result<(String, bool), ApiError> {
-    let stops = codec.stop_token_ids();
-    let ended = c.tokens.last().is_some_and(|t| stops.contains(t));
-    let body = if ended {
-        &c.tokens[..c.tokens.len() - 1]
-    } else {
-        &c.tokens[..]
-    };
-    let text = codec
-        .decode(body)
-        .map_err(|e| ApiError::status(500, e.to_string()))?;
-    Ok((
-        text,
-        ended || matches!(c.finish, mtrl_model::FinishReason::StopString(_)),
-    ))
+    let (text, ended) = render::message_text(codec.as_ref(), &c.tokens)?;
+    let stopped = matches!(c.finish, mtrl_model::FinishReason::StopString(_));
+    Ok((text, ended || stopped))
 }
 
 fn choice(
