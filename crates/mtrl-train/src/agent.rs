@@ -111,3 +111,29 @@ impl AgentHost {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn host(extra: &str) -> AgentHost {
+        let text = format!(
+            "[rollout]\nenvironment = 'agent'\nagent_url = 'http://127.0.0.1:9/invocations'\n{extra}"
+        );
+        let cfg = Config::from_toml_str(&text, Path::new("configs/a.toml")).unwrap();
+        AgentHost::start(&cfg, "m", 512).unwrap().unwrap()
+    }
+
+    #[test]
+    fn agents_are_told_the_listened_address_or_agent_endpoint() {
+        let h = host("");
+        let told = h.endpoint().to_string();
+        assert!(told.starts_with("http://127.0.0.1:") && !told.ends_with(":0"), "{told}");
+        h.shutdown();
+        let h = host("agent_endpoint = 'http://trainer.internal:8000'\n");
+        assert_eq!(h.endpoint(), "http://trainer.internal:8000");
+        h.shutdown();
+    }
+}
