@@ -130,7 +130,10 @@ mod tests {
     fn agents_are_told_the_listened_address_or_agent_endpoint() {
         let h = host("");
         let told = h.endpoint().to_string();
-        assert!(told.starts_with("http://127.0.0.1:") && !told.ends_with(":0"), "{told}");
+        assert!(
+            told.starts_with("http://127.0.0.1:") && !told.ends_with(":0"),
+            "{told}"
+        );
         h.shutdown();
         let h = host("agent_endpoint = 'http://trainer.internal:8000'\n");
         assert_eq!(h.endpoint(), "http://trainer.internal:8000");
