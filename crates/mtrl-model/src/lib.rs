@@ -35,6 +35,7 @@ pub mod error;
 pub mod kv_cache;
 pub mod kv_pool;
 pub mod logprobs;
+pub mod lora;
 pub mod policy;
 pub mod sampler;
 pub mod tokenizer;
@@ -52,7 +53,8 @@ pub use engine::{
 pub use error::{ModelError, Result};
 pub use kv_cache::KvCache;
 pub use logprobs::{logprobs_and_grads, token_logprobs, TokenLogprobs, DEFAULT_CHUNK_ELEMS};
-pub use policy::{left_padding_positions, Policy, PolicySnapshot};
+pub use lora::LoraSpec;
+pub use policy::{left_padding_positions, LoraServing, Policy, PolicySnapshot};
 pub use sampler::{Sampled, SamplingParams};
 pub use tokenizer::Tokenizer;
 pub use tokenizer_train::{train_tokenizer, TokenizerTraining};

@@ -199,8 +199,15 @@ impl TokenLogprobs {
         let inv_t = (1.0 / self.temperature) as f32;
         let hs = hd.dim(1)?;
         // CPU fast path: the products write into these (dh rows in chunk order, dw accumulated).
+        // A frozen head (LoRA) gets no gradient: only the hidden states' is computed.
+        let head_grad = self.lm_head.track_op();
         let (mut dh_buf, mut dw_buf) = if fast {
-            (uninit(self.rows.len() * hs), vec![0f32; vocab * hs])
+            let dw = if head_grad {
+                vec![0f32; vocab * hs]
+            } else {
+                Vec::new()
+            };
+            (uninit(self.rows.len() * hs), dw)
         } else {
             (Vec::new(), Vec::new())
         };
@@ -228,31 +235,45 @@ impl TokenLogprobs {
                 let g = Tensor::from_slice(&g_rows[start..start + n], (n, 1), &dev)?;
                 let dz = ((onehot - p)?.broadcast_mul(&g)? / self.temperature)?;
                 dh_chunks.push(dz.to_dtype(wdt)?.matmul(&wd)?);
-                let dwc = dz.t()?.matmul(&hc.to_dtype(DType::F32)?)?;
-                dw = Some(match dw {
-                    None => dwc,
-                    Some(acc) => (acc + dwc)?,
-                });
+                if head_grad {
+                    let dwc = dz.t()?.matmul(&hc.to_dtype(DType::F32)?)?;
+                    dw = Some(match dw {
+                        None => dwc,
+                        Some(acc) => (acc + dwc)?,
+                    });
+                }
             }
             start += n;
             ci += 1;
         }
         if fast {
-            dw = Some(Tensor::from_vec(dw_buf, (vocab, hs), &dev)?);
+            if head_grad {
+                dw = Some(Tensor::from_vec(dw_buf, (vocab, hs), &dev)?);
+            }
             if !self.rows.is_empty() {
                 dh_chunks.push(Tensor::from_vec(dh_buf, (self.rows.len(), hs), &dev)?);
             }
         }
-        let dw = match dw {
-            Some(dw) => dw,
-            None => Tensor::zeros(wd.dims(), DType::F32, &dev)?,
+        let mut surrogate = match (head_grad, dw) {
+            (true, Some(dw)) => Some((self.lm_head.to_dtype(DType::F32)? * dw)?.sum_all()?),
+            (true, None) => Some(
+                (self.lm_head.to_dtype(DType::F32)? * Tensor::zeros(wd.dims(), DType::F32, &dev)?)?
+                    .sum_all()?,
+            ),
+            (false, _) => None,
         };
-        let mut surrogate = (self.lm_head.to_dtype(DType::F32)? * dw)?.sum_all()?;
         if !dh_chunks.is_empty() {
             let dh = Tensor::cat(&dh_chunks, 0)?.detach();
             let sh = (self.hidden.to_dtype(DType::F32)? * dh.to_dtype(DType::F32)?)?.sum_all()?;
-            surrogate = (surrogate + sh)?;
+            surrogate = Some(match surrogate {
+                Some(s) => (s + sh)?,
+                None => sh,
+            });
         }
+        let surrogate = match surrogate {
+            Some(s) => s,
+            None => Tensor::zeros((), DType::F32, &dev)?,
+        };
         Ok(surrogate.backward()?)
     }
 }

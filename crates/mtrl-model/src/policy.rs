@@ -17,7 +17,10 @@ use candle_core::{DType, Device, Tensor, Var};
 use crate::checkpoint;
 use crate::config::{Config, GenerationConfig};
 use crate::error::{ModelError, Result};
-use crate::transformer::Transformer;
+use crate::transformer::{Transformer, Weights};
+
+mod adapter;
+pub use adapter::LoraServing;
 
 /// A loaded policy model.
 #[derive(Debug, Clone)]
@@ -26,7 +29,12 @@ pub struct Policy {
     generation: GenerationConfig,
     dtype: DType,
     device: Device,
+    /// The trainable parameters: every base weight in full fine-tuning, the adapter's `A`/`B`
+    /// (PEFT names) with LoRA.
     vars: BTreeMap<String, Var>,
+    /// With LoRA, the frozen base weights (plain tensors: no gradient, no optimizer state).
+    frozen: BTreeMap<String, Tensor>,
+    lora: Option<adapter::LoraState>,
     infer: Transformer,
     train: Transformer,
     source_dir: Option<PathBuf>,
@@ -131,27 +139,47 @@ impl Policy {
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
-        let get_var = |name: &str, _shape: &[usize]| -> Result<Tensor> {
-            vars.get(name)
-                .map(|v| v.as_tensor().clone())
-                .ok_or_else(|| ModelError::tensor(name, "missing"))
+        let parts = Parts {
+            config: &config,
+            vars: &vars,
+            frozen: &BTreeMap::new(),
+            lora: None,
+            dtype,
+            device,
         };
-        let get_detached =
-            |name: &str, shape: &[usize]| -> Result<Tensor> { Ok(get_var(name, shape)?.detach()) };
-        let train = Transformer::new(&config, &get_var, dtype, device, true)?;
-        let infer = Transformer::new(&config, &get_detached, dtype, device, false)?;
+        let (train, infer) = parts.views()?;
         Ok(Self {
             config,
             generation: GenerationConfig::default(),
             dtype,
             device: device.clone(),
             vars,
+            frozen: BTreeMap::new(),
+            lora: None,
             infer,
             train,
             source_dir: None,
         })
     }
 
+    fn parts(&self) -> Parts<'_> {
+        Parts {
+            config: &self.config,
+            vars: &self.vars,
+            frozen: &self.frozen,
+            lora: self.lora.as_ref(),
+            dtype: self.dtype,
+            device: &self.device,
+        }
+    }
+
+    /// Rebuilds both views from the current parameters (after the adapter or its serving changed).
+    fn build_views(&mut self) -> Result<()> {
+        let (train, infer) = self.parts().views()?;
+        self.train = train;
+        self.infer = infer;
+        Ok(())
+    }
     pub fn config(&self) -> &Config {
         &self.config
     }
@@ -169,7 +197,9 @@ impl Policy {
         self.source_dir.as_deref()
     }
 
-    /// Every parameter under its HF name (a tied `lm_head` is `model.embed_tokens.weight`).
+    /// Every trainable parameter: with full fine-tuning every weight under its HF name (a tied
+    /// `lm_head` is `model.embed_tokens.weight`); with LoRA the adapter's `A` and `B` under their
+    /// PEFT names. This is what the optimizer updates, checkpoints hold and publishing sends.
     pub fn named_parameters(&self) -> &BTreeMap<String, Var> {
         &self.vars
     }
@@ -251,10 +281,11 @@ impl Policy {
         Ok((hidden, mask))
     }
 
-    /// Overwrites parameters in place from HF-named tensors (any dtype/device). Every name must be a
-    /// parameter, every shape must match and every value must be finite; nothing is written unless
-    /// all tensors pass.
-    pub fn set_weights(&self, tensors: &HashMap<String, Tensor>) -> Result<()> {
+    /// Overwrites trainable parameters in place from named tensors (any dtype/device; HF names, or
+    /// PEFT names with LoRA). Every name must be a parameter, every shape must match and every
+    /// value must be finite; nothing is written unless all tensors pass. A merged-served adapter
+    /// is merged again.
+    pub fn set_weights(&mut self, tensors: &HashMap<String, Tensor>) -> Result<()> {
         let mut staged = Vec::with_capacity(tensors.len());
         for (name, t) in tensors {
             let var = self
@@ -281,11 +312,16 @@ impl Policy {
         for (var, t) in staged {
             var.set(&t)?;
         }
+        if self.lora.as_ref().is_some_and(|l| l.merged) {
+            self.build_views()?;
+        }
         Ok(())
     }
 
     /// Saves as an HF checkpoint: `model.safetensors` (HF names, `dtype`), `config.json`,
-    /// `generation_config.json` and the tokenizer files of the folder the policy came from.
+    /// `generation_config.json` and the tokenizer files of the folder the policy came from. With
+    /// LoRA, saves the adapter as PEFT does ([`crate::lora::peft::save`]); [`Policy::save_merged`]
+    /// writes the merged model.
     pub fn save(&self, dir: &Path, dtype: DType) -> Result<()> {
         self.view(false)?.save(dir, dtype)
     }
@@ -307,6 +343,7 @@ impl Policy {
 
     fn view(&self, copy: bool) -> Result<PolicySnapshot> {
         let mut tensors = BTreeMap::new();
+        let adapter = self.lora.as_ref().map(|l| (l.spec.clone(), self.base_name()));
         for (n, v) in &self.vars {
             let t = v.as_tensor().detach();
             let t = match (copy, &self.device) {
@@ -318,6 +355,7 @@ impl Policy {
         }
         Ok(PolicySnapshot {
             tensors,
+            adapter,
             config: self.config.raw.clone(),
             generation: self.generation.raw.clone(),
             source_dir: self.source_dir.clone(),
@@ -325,17 +363,93 @@ impl Policy {
     }
 }
 
+/// What the two views are built from.
+struct Parts<'a> {
+    config: &'a Config,
+    vars: &'a BTreeMap<String, Var>,
+    frozen: &'a BTreeMap<String, Tensor>,
+    lora: Option<&'a adapter::LoraState>,
+    dtype: DType,
+    device: &'a Device,
+}
+
+impl Parts<'_> {
+    /// Both views of the parameters: base weights from `vars` or `frozen`, adapters (training:
+    /// the `Var`s; inference: detached handles, or merged into a working copy when the adapter is
+    /// served merged).
+    fn views(&self) -> Result<(Transformer, Transformer)> {
+        let base = |name: &str| -> Result<Tensor> {
+            if let Some(v) = self.vars.get(name) {
+                return Ok(v.as_tensor().clone());
+            }
+            self.frozen
+                .get(name)
+                .cloned()
+                .ok_or_else(|| ModelError::tensor(name, "missing"))
+        };
+        let get_var = |name: &str, _shape: &[usize]| base(name);
+        let get_detached = |name: &str, _shape: &[usize]| -> Result<Tensor> { Ok(base(name)?.detach()) };
+        let lora = self.lora;
+        let pair = |module: &str, train: bool| adapter::pair(lora, &self.vars, module, train);
+        let train_lora = |m: &str, _o: usize, _i: usize| pair(m, true);
+        let merged = lora.is_some_and(|l| l.merged);
+        let infer_lora = |m: &str, _o: usize, _i: usize| {
+            if merged {
+                Ok(None)
+            } else {
+                pair(m, false)
+            }
+        };
+        let get_merged = |name: &str, shape: &[usize]| -> Result<Tensor> {
+            let w = get_detached(name, shape)?;
+            match name.strip_suffix(".weight").map(|m| pair(m, false)) {
+                Some(Ok(Some(p))) if merged => Ok(crate::transformer::lora::merged(&w, &p)?),
+                Some(Err(e)) => Err(e),
+                _ => Ok(w),
+            }
+        };
+        let train = Transformer::new(
+            self.config,
+            &Weights {
+                get: &get_var,
+                lora: &train_lora,
+            },
+            self.dtype,
+            self.device,
+            true,
+        )?;
+        let infer = Transformer::new(
+            self.config,
+            &Weights {
+                get: &get_merged,
+                lora: &infer_lora,
+            },
+            self.dtype,
+            self.device,
+            false,
+        )?;
+        Ok((train, infer))
+    }
+
+}
+
 /// A policy's weights and metadata, ready to be saved ([`Policy::snapshot`]).
 pub struct PolicySnapshot {
     tensors: BTreeMap<String, Tensor>,
+    /// With LoRA: the adapter's spec and base model name (the snapshot holds the adapter only).
+    adapter: Option<(crate::lora::LoraSpec, String)>,
     config: serde_json::Value,
     generation: Option<serde_json::Value>,
     source_dir: Option<PathBuf>,
 }
 
 impl PolicySnapshot {
-    /// Writes the HF checkpoint [`Policy::save`] writes.
+    /// Writes the HF checkpoint [`Policy::save`] writes (a PEFT adapter folder with LoRA; the
+    /// adapter is written in F32, as PEFT does, whatever `dtype`).
     pub fn save(&self, dir: &Path, dtype: DType) -> Result<()> {
+        if let Some((spec, base)) = &self.adapter {
+            return crate::lora::peft::save(dir, spec, base, &self.tensors);
+        }
         checkpoint::save_checkpoint(
             dir,
             &self.tensors,

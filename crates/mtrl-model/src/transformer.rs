@@ -33,34 +33,50 @@ pub(crate) use rope::Angles;
 use rope::Rope;
 
 pub(crate) mod backend;
+pub(crate) mod lora;
 pub mod paged;
 mod rope;
+
+pub(crate) use lora::LoraPair;
 
 /// Weight lookup used while building the model: `(HF name, expected shape)` → tensor.
 pub type WeightFn<'a> = dyn Fn(&str, &[usize]) -> crate::error::Result<Tensor> + 'a;
 
-/// A linear layer `x · wᵀ (+ b)`, `w` `[out, in]`.
+/// Adapter lookup: the HF module name (`model.layers.0.self_attn.q_proj`) and its `[out, in]` →
+/// the layer's LoRA pair, if it has one.
+pub(crate) type LoraFn<'a> =
+    dyn Fn(&str, usize, usize) -> crate::error::Result<Option<LoraPair>> + 'a;
+
+/// A linear layer `x · wᵀ (+ b)`, `w` `[out, in]`, plus its LoRA pair when adapted.
 #[derive(Debug, Clone)]
 pub(crate) struct Linear {
     pub w: Tensor,
     pub b: Option<Tensor>,
+    pub lora: Option<LoraPair>,
+}
+
+/// What [`Transformer::new`] reads the weights through.
+pub(crate) struct Weights<'a> {
+    pub get: &'a WeightFn<'a>,
+    pub lora: &'a LoraFn<'a>,
 }
 
 impl Linear {
     fn load(
-        get: &WeightFn,
+        wts: &Weights,
         name: &str,
         out: usize,
         inp: usize,
         bias: bool,
     ) -> crate::error::Result<Self> {
         Ok(Self {
-            w: get(&format!("{name}.weight"), &[out, inp])?,
+            w: (wts.get)(&format!("{name}.weight"), &[out, inp])?,
             b: if bias {
-                Some(get(&format!("{name}.bias"), &[out])?)
+                Some((wts.get)(&format!("{name}.bias"), &[out])?)
             } else {
                 None
             },
+            lora: (wts.lora)(name, out, inp)?,
         })
     }
 }
@@ -164,9 +180,9 @@ pub struct Transformer {
 
 impl Transformer {
     /// Builds the decoder from HF-named weights. `differentiable` selects the training view.
-    pub fn new(
+    pub(crate) fn new(
         cfg: &Config,
-        get: &WeightFn,
+        wts: &Weights,
         dtype: DType,
         dev: &Device,
         differentiable: bool,
@@ -177,6 +193,7 @@ impl Transformer {
             cfg.num_key_value_heads,
             cfg.head_dim,
         );
+        let get = wts.get;
         let be = backend::select(dev, dtype, differentiable, hd);
         let bias = cfg.attention_bias;
         let qk_norm = cfg.family == Family::Qwen3;
@@ -191,10 +208,10 @@ impl Transformer {
                 })
             };
             let attn = Attention {
-                q: Linear::load(get, &format!("{p}.self_attn.q_proj"), nh * hd, h, bias)?,
-                k: Linear::load(get, &format!("{p}.self_attn.k_proj"), nkv * hd, h, bias)?,
-                v: Linear::load(get, &format!("{p}.self_attn.v_proj"), nkv * hd, h, bias)?,
-                o: Linear::load(get, &format!("{p}.self_attn.o_proj"), h, nh * hd, false)?,
+                q: Linear::load(wts, &format!("{p}.self_attn.q_proj"), nh * hd, h, bias)?,
+                k: Linear::load(wts, &format!("{p}.self_attn.k_proj"), nkv * hd, h, bias)?,
+                v: Linear::load(wts, &format!("{p}.self_attn.v_proj"), nkv * hd, h, bias)?,
+                o: Linear::load(wts, &format!("{p}.self_attn.o_proj"), h, nh * hd, false)?,
                 q_norm: norm("q_norm")?,
                 k_norm: norm("k_norm")?,
                 heads: nh,
@@ -207,9 +224,9 @@ impl Transformer {
                 input_ln: get(&format!("{p}.input_layernorm.weight"), &[h])?,
                 post_ln: get(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
                 mlp: Mlp {
-                    gate: Linear::load(get, &format!("{p}.mlp.gate_proj"), inter, h, false)?,
-                    up: Linear::load(get, &format!("{p}.mlp.up_proj"), inter, h, false)?,
-                    down: Linear::load(get, &format!("{p}.mlp.down_proj"), h, inter, false)?,
+                    gate: Linear::load(wts, &format!("{p}.mlp.gate_proj"), inter, h, false)?,
+                    up: Linear::load(wts, &format!("{p}.mlp.up_proj"), inter, h, false)?,
+                    down: Linear::load(wts, &format!("{p}.mlp.down_proj"), h, inter, false)?,
                 },
             });
         }
@@ -254,6 +271,7 @@ impl Transformer {
         let head = Linear {
             w: self.lm_head.clone(),
             b: None,
+            lora: None,
         };
         self.be.linear(hidden, &head)
     }

@@ -17,7 +17,8 @@ use candle_core::{DType, Result, Tensor};
 use super::attn::MaskedAttention;
 use super::{decode, linear, norm_rope, packed, paged, skinny, swiglu};
 use crate::kv_cache::KvCache;
-use crate::transformer::backend::{with_bias, Backend, Candle};
+use crate::transformer::backend::{Backend, Candle};
+use crate::transformer::lora;
 use crate::transformer::paged::{decode_gathered, DecodeTable};
 use crate::transformer::{decode_per_sequence, Angles, Attention, Linear, Mlp};
 
@@ -49,19 +50,10 @@ impl Backend for CpuF32 {
         if x.dtype() != DType::F32 || l.w.dtype() != DType::F32 {
             return self.candle.linear(x, l);
         }
-        let dims = x.dims().to_vec();
-        let inp = dims[dims.len() - 1];
-        let rows = x.elem_count() / inp;
-        if rows <= skinny::MAX_ROWS && !x.track_op() && !l.w.track_op() {
-            let y = linear::skinny(&x.reshape((rows, inp))?, &l.w)?;
-            return with_bias(y, l, dims);
-        }
-        // One graph node, no reshapes: the op keeps the leading dims.
-        let (x, w) = (x.contiguous()?, l.w.contiguous()?);
-        let y = if x.track_op() || w.track_op() {
-            x.apply_op2(&w, linear::Linear)?
-        } else {
-            x.apply_op2_no_bwd(&w, &linear::Linear)?
+        let y = product(x, &l.w)?;
+        let y = match &l.lora {
+            Some(p) => (y + p.delta(x, &product)?)?,
+            None => y,
         };
         match &l.b {
             Some(b) => y.broadcast_add(b),
@@ -124,7 +116,10 @@ impl Backend for CpuF32 {
         }
         // Training: one product with the concatenated gate/up weights.
         let w = Tensor::cat(&[&m.gate.w, &m.up.w], 0)?;
-        let gu = x.contiguous()?.apply_op2(&w, linear::Linear)?;
+        let mut gu = x.contiguous()?.apply_op2(&w, linear::Linear)?;
+        if let Some(d) = lora::packed_delta(&[&m.gate, &m.up], x, &product)? {
+            gu = (gu + d)?;
+        }
         let a = gu.apply_op1(swiglu::SwiGluPacked)?;
         self.linear(&a, &m.down)
     }
@@ -173,5 +168,26 @@ impl Backend for CpuF32 {
             return decode_gathered(self, q, k_pool, v_pool, kv, table);
         }
         paged::paged_decode_attention(q, k_pool, v_pool, kv, table)
+    }
+}
+
+/// `x · wᵀ` in f32 over the last dimension of `x`: [`skinny`] for a few rows without a graph, else
+/// one [`linear::Linear`] node (with a backward when either side records one).
+pub(crate) fn product(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let dims = x.dims().to_vec();
+    let inp = dims[dims.len() - 1];
+    let rows = x.elem_count() / inp.max(1);
+    if rows <= skinny::MAX_ROWS && !x.track_op() && !w.track_op() {
+        let mut out = dims;
+        let last = out.len() - 1;
+        out[last] = w.dim(0)?;
+        return linear::skinny(&x.reshape((rows, inp))?, w)?.reshape(out);
+    }
+    // One graph node, no reshapes: the op keeps the leading dims.
+    let (x, w) = (x.contiguous()?, w.contiguous()?);
+    if x.track_op() || w.track_op() {
+        x.apply_op2(&w, linear::Linear)
+    } else {
+        x.apply_op2_no_bwd(&w, &linear::Linear)
     }
 }

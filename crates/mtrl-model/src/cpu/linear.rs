@@ -51,40 +51,52 @@ impl CustomOp2 for Linear {
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let (n, k) = w.dims2()?;
+        // A frozen weight (LoRA's base) or an input without a graph gets no gradient: no product.
+        let (want_dx, want_dw) = (x.track_op(), w.track_op());
         let (dx, dw) = with3(x, w, grad, |x, w, g| {
             let m = x.len() / k.max(1);
-            let (mut dx, mut dw) = (uninit(m * k), uninit(n * k));
+            let mut dx = if want_dx { uninit(m * k) } else { Vec::new() };
+            let mut dw = if want_dw { uninit(n * k) } else { Vec::new() };
             // SAFETY: `g` is `[m, n]`, `w` `[n, k]`, `x` `[m, k]`; `dx` `[m, k]`, `dw` `[n, k]`.
             unsafe {
-                let gv = View::rows(g.as_ptr(), n);
-                gemm_par(
-                    m,
-                    k,
-                    n,
-                    dx.as_mut_ptr(),
-                    k,
-                    false,
-                    gv,
-                    View::rows(w.as_ptr(), k),
-                );
-                let gt = View::rows_t(g.as_ptr(), n);
-                gemm_par(
-                    n,
-                    k,
-                    m,
-                    dw.as_mut_ptr(),
-                    k,
-                    false,
-                    gt,
-                    View::rows(x.as_ptr(), k),
-                );
+                if want_dx {
+                    let gv = View::rows(g.as_ptr(), n);
+                    gemm_par(
+                        m,
+                        k,
+                        n,
+                        dx.as_mut_ptr(),
+                        k,
+                        false,
+                        gv,
+                        View::rows(w.as_ptr(), k),
+                    );
+                }
+                if want_dw {
+                    let gt = View::rows_t(g.as_ptr(), n);
+                    gemm_par(
+                        n,
+                        k,
+                        m,
+                        dw.as_mut_ptr(),
+                        k,
+                        false,
+                        gt,
+                        View::rows(x.as_ptr(), k),
+                    );
+                }
             }
             (dx, dw)
         })?;
-        Ok((
-            Some(Tensor::from_vec(dx, x.shape(), x.device())?),
-            Some(Tensor::from_vec(dw, w.shape(), w.device())?),
-        ))
+        let dx = match want_dx {
+            true => Some(Tensor::from_vec(dx, x.shape(), x.device())?),
+            false => None,
+        };
+        let dw = match want_dw {
+            true => Some(Tensor::from_vec(dw, w.shape(), w.device())?),
+            false => None,
+        };
+        Ok((dx, dw))
     }
 }
 

@@ -101,6 +101,7 @@ pub(crate) fn chunk_grads(
     dw: &mut [f32],
     acc: bool,
 ) -> Result<()> {
+    // An empty `dw`: the head is frozen (LoRA), only `dh` is wanted.
     let (n, hs) = h.dims2()?;
     let vocab = w.dim(0)?;
     with1(dz, |dz| {
@@ -120,6 +121,9 @@ pub(crate) fn chunk_grads(
                         dzv,
                         View::rows(w.as_ptr(), hs),
                     );
+                    if dw.is_empty() {
+                        return;
+                    }
                     let dzt = View::rows_t(dz.as_ptr(), vocab);
                     gemm_par(
                         vocab,

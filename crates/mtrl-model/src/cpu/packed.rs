@@ -27,6 +27,10 @@ pub(crate) fn self_attention(
 ) -> Result<Tensor> {
     let w = Tensor::cat(&[&a.q.w, &a.k.w, &a.v.w], 0)?;
     let mut qkv = h.contiguous()?.apply_op2(&w, Linear)?;
+    let parts = [&a.q, &a.k, &a.v];
+    if let Some(d) = crate::transformer::lora::packed_delta(&parts, h, &super::backend::product)? {
+        qkv = (qkv + d)?;
+    }
     if let (Some(qb), Some(kb), Some(vb)) = (&a.q.b, &a.k.b, &a.v.b) {
         qkv = qkv.broadcast_add(&Tensor::cat(&[qb, kb, vb], 0)?)?;
     }

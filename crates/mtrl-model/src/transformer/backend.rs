@@ -18,7 +18,7 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Result, Tensor, D};
 
 use super::paged::{self, DecodeTable};
-use super::{decode_per_sequence, Angles, Attention, Linear, Mlp};
+use super::{decode_per_sequence, lora, Angles, Attention, Linear, Mlp};
 use crate::kv_cache::KvCache;
 
 /// The operations of the decoder. Shapes: `x` `[.., hidden]`; `q` `[b, heads, t, d]`; `k`, `v`
@@ -118,11 +118,12 @@ pub(crate) struct Candle {
 
 impl Backend for Candle {
     fn linear(&self, x: &Tensor, l: &Linear) -> Result<Tensor> {
-        let dims = x.dims().to_vec();
-        let inp = dims[dims.len() - 1];
-        let rows = x.elem_count() / inp;
-        let y = x.reshape((rows, inp))?.matmul(&l.w.t()?)?;
-        with_bias(y, l, dims)
+        let y = lora::candle_product(x, &l.w)?;
+        let y = match &l.lora {
+            Some(p) => (y + p.delta(x, &lora::candle_product)?)?,
+            None => y,
+        };
+        with_bias(y, l, x.dims().to_vec())
     }
 
     fn rms_norm(&self, x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
@@ -228,7 +229,8 @@ impl Candle {
     }
 }
 
-/// `y` `[rows, out]` plus the layer's bias, reshaped to `dims` with the last one replaced by `out`.
+/// `y` (`[rows, out]` or already `[.., out]`) plus the layer's bias, reshaped to `dims` with the
+/// last one replaced by `out`.
 pub(crate) fn with_bias(y: Tensor, l: &Linear, mut dims: Vec<usize>) -> Result<Tensor> {
     let y = match &l.b {
         Some(b) => y.broadcast_add(b)?,
