@@ -41,6 +41,8 @@ enum Command {
     Serve(cmd::serve::ServeArgs),
     /// Serve a config's search tools (bm25_search, vector_search, submit) over HTTP.
     ServeTools(cmd::serve::ServeToolsArgs),
+    /// Write a LoRA adapter, or with --merge the base with the adapter merged in (an HF checkpoint).
+    Export(cmd::export::ExportArgs),
     /// Evaluate policies and scripted baselines on the test files (nDCG@10, failures, pass@k).
     Eval(cmd::eval::EvalArgs),
     /// Show a run's logged trajectories turn by turn (filter by step, task, failures; compare steps).
@@ -86,6 +88,7 @@ fn main() {
         Some(Command::Sft(a)) => cmd::sft::run(&a),
         Some(Command::Selftest(a)) => cmd::selftest::run(&a),
         Some(Command::Eval(a)) => cmd::eval::run(&a),
+        Some(Command::Export(a)) => cmd::export::run(&a),
         Some(Command::Serve(a)) => cmd::serve::run(&a),
         Some(Command::ServeTools(a)) => cmd::serve::run_tools(&a),
         Some(Command::Inspect(a)) => cmd::inspect::run(&a),

@@ -128,3 +128,59 @@ fn the_train_smoke_configs_are_twins_on_two_devices() {
     assert_eq!(gpu.search().unwrap().corpus, cpu.search().unwrap().corpus);
     assert_eq!(gpu.data().unwrap().train, cpu.data().unwrap().train);
 }
+
+#[test]
+fn lora_configs_validate_with_the_documented_sizes() {
+    // README "LoRA memory arithmetic" (scripts/lora-memory.py): (file, model folder,
+    // max_context_tokens, micro_batch_tokens, kv_cache_tokens = rollout_max_concurrency × context)
+    for (name, model, ctx, mbt, kv) in [
+        ("qwen3-8b-lora.toml", "Qwen3-8B", 1792, 1792, 32 * 1792),
+        ("qwen3-8b-lora-80gb.toml", "Qwen3-8B", 1024, 1024, 16 * 1024),
+        ("qwen3-14b-lora.toml", "Qwen3-14B", 1280, 1280, 16 * 1280),
+    ] {
+        let c = load(name);
+        let m = c.model().unwrap();
+        assert_eq!(
+            (m.dtype.as_str(), m.device.as_str()),
+            ("bf16", "cuda:0"),
+            "{name}"
+        );
+        match &m.source {
+            ModelSource::Dir(d) => assert!(d.ends_with(model), "{name}: {}", d.display()),
+            other => panic!("{name}: expected a model folder, got {other:?}"),
+        }
+        let env = c.env_or_default();
+        assert_eq!(env.max_context_tokens, ctx, "{name}");
+        assert_eq!(c.train.micro_batch_tokens, mbt, "{name}");
+        assert_eq!(
+            c.rollout.kv_cache_tokens,
+            Some(c.rollout.rollout_max_concurrency * ctx),
+            "{name}"
+        );
+        assert_eq!(c.rollout.kv_cache_tokens, Some(kv), "{name}");
+        let lora = c
+            .lora
+            .as_ref()
+            .unwrap_or_else(|| panic!("{name}: no [lora]"));
+        assert_eq!((lora.rank, lora.alpha), (32, 64.0), "{name}");
+        assert_eq!(lora.target_modules.len(), 7, "{name}");
+        assert_eq!(lora.serving, "unmerged", "{name}");
+        assert_eq!((lora.dropout, lora.rslora), (0.0, false), "{name}");
+        assert_eq!(c.train.lr, 4e-5, "{name}");
+        assert!(c
+            .data()
+            .unwrap()
+            .train
+            .iter()
+            .all(|d| d.path.to_string_lossy().contains("musique")));
+        StepConfig::from_algorithm(
+            &c.algorithm,
+            c.rollout.temperature,
+            c.train.grad_clip,
+            c.train.micro_batch_tokens,
+            LrSchedule::constant(c.train.lr),
+            env.max_context_tokens,
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}

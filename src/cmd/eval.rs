@@ -27,6 +27,11 @@ pub struct EvalArgs {
     /// checkpoint); labelled `tuned` when --baseline is given, else `model`.
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// A PEFT LoRA adapter folder (`adapter_config.json` + `adapter_model.safetensors`) to put on
+    /// --model, which is then the base. A --model that is itself an adapter folder (a LoRA run's
+    /// checkpoint) goes on the config's `[model] path`.
+    #[arg(long)]
+    pub adapter: Option<PathBuf>,
     /// Base policy checkpoint folder, labelled `base`; the table adds `tuned − base` with a
     /// paired bootstrap 95% interval of the nDCG@10 difference.
     #[arg(long)]
@@ -75,9 +80,11 @@ fn contenders(args: &EvalArgs, cfg: &mtrl_core::Config) -> Result<(Vec<Contender
     let mut contenders = Vec::new();
     let mut compare = Vec::new();
     if let Some(dir) = &args.baseline {
+        let (dir, adapter) = adapter_on_base(dir, None, cfg)?;
         contenders.push(Contender::ModelDir {
             label: "base".into(),
-            dir: dir.clone(),
+            dir,
+            adapter,
         });
     }
     if let Some(dir) = &args.model {
@@ -93,9 +100,11 @@ fn contenders(args: &EvalArgs, cfg: &mtrl_core::Config) -> Result<(Vec<Contender
             }
             _ => dir.clone(),
         };
+        let (dir, adapter) = adapter_on_base(&dir, args.adapter.as_deref(), cfg)?;
         contenders.push(Contender::ModelDir {
             label: label.into(),
             dir,
+            adapter,
         });
     }
     for name in &args.policies {
@@ -106,6 +115,9 @@ fn contenders(args: &EvalArgs, cfg: &mtrl_core::Config) -> Result<(Vec<Contender
             )
         })?;
         contenders.push(Contender::Scripted(b));
+    }
+    if args.adapter.is_some() && args.model.is_none() {
+        bail!("--adapter goes on --model BASE: give --model too");
     }
     if contenders.is_empty() {
         bail!("nothing to evaluate: give --model DIR (and/or --baseline DIR, --policy NAME)");
@@ -118,6 +130,31 @@ fn contenders(args: &EvalArgs, cfg: &mtrl_core::Config) -> Result<(Vec<Contender
         }
     }
     Ok((contenders, compare))
+}
+
+/// The base folder and adapter of a model flag: `--adapter` on `dir`; or, when `dir` is itself
+/// an adapter folder, that adapter on the config's `[model] path`.
+fn adapter_on_base(
+    dir: &std::path::Path,
+    adapter: Option<&std::path::Path>,
+    cfg: &mtrl_core::Config,
+) -> Result<(PathBuf, Option<PathBuf>)> {
+    if let Some(a) = adapter {
+        return Ok((dir.to_path_buf(), Some(a.to_path_buf())));
+    }
+    if !mtrl_model::lora::peft::is_adapter_dir(dir) {
+        return Ok((dir.to_path_buf(), None));
+    }
+    match cfg.model.as_ref().map(|m| &m.source) {
+        Some(mtrl_core::config::ModelSource::Dir(base)) => {
+            Ok((base.clone(), Some(dir.to_path_buf())))
+        }
+        _ => bail!(
+            "{} is a LoRA adapter: give its base with --model BASE --adapter {0} (the config's \
+             [model] path is not a folder)",
+            dir.display()
+        ),
+    }
 }
 
 /// The config's evaluation settings with the flags applied.

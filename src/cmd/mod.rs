@@ -8,6 +8,7 @@ pub mod common;
 pub mod data;
 pub mod demo;
 pub mod eval;
+pub mod export;
 pub mod generate;
 pub mod index;
 pub mod inspect;

@@ -31,8 +31,13 @@ use crate::tasks::{load_test_sets, TestSet};
 
 /// A model to evaluate.
 pub enum Contender {
-    /// A Hugging Face checkpoint folder (policy, tokenizer and chat template).
-    ModelDir { label: String, dir: PathBuf },
+    /// A Hugging Face checkpoint folder (policy, tokenizer and chat template), with a PEFT LoRA
+    /// adapter folder on top when `adapter` is set.
+    ModelDir {
+        label: String,
+        dir: PathBuf,
+        adapter: Option<PathBuf>,
+    },
     /// A loaded policy and its codec. The engine takes ownership: pass a copy of a policy you
     /// keep training. `source` is what the report says it is (e.g. `base after warm-start`).
     Policy {
@@ -184,6 +189,18 @@ pub fn load_model(
     dtype: DType,
     device: &Device,
 ) -> Result<(Policy, Arc<dyn ChatCodec>)> {
+    load_adapted(dir, None, tokenizer, dtype, device)
+}
+
+/// [`load_model`] with the PEFT LoRA adapter in `adapter` (`adapter_config.json` +
+/// `adapter_model.safetensors`) on top of the base in `dir`.
+pub fn load_adapted(
+    dir: &Path,
+    adapter: Option<&Path>,
+    tokenizer: Option<&Path>,
+    dtype: DType,
+    device: &Device,
+) -> Result<(Policy, Arc<dyn ChatCodec>)> {
     if !dir.is_dir() {
         return Err(EvalError::MissingModel {
             path: dir.to_path_buf(),
@@ -193,7 +210,13 @@ pub fn load_model(
         path: dir.to_path_buf(),
         message,
     };
-    let policy = Policy::load(dir, dtype, device).map_err(|e| bad(e.to_string()))?;
+    let mut policy = Policy::load(dir, dtype, device).map_err(|e| bad(e.to_string()))?;
+    if let Some(a) = adapter {
+        policy = policy.load_adapter(a).map_err(|e| EvalError::Model {
+            path: a.to_path_buf(),
+            message: e.to_string(),
+        })?;
+    }
     let tok_dir = match tokenizer {
         Some(t) if !dir.join("tokenizer.json").is_file() => t,
         _ => dir,
@@ -309,10 +332,20 @@ pub fn evaluate(job: EvalJob) -> Result<EvalReport> {
                 }
                 continue;
             }
-            Contender::ModelDir { dir, .. } => {
-                say(format!("{label}: loading {}", dir.display()));
-                let (p, codec) = load_model(&dir, s.tokenizer.as_deref(), s.dtype, &s.device)?;
-                (p, codec, dir.display().to_string())
+            Contender::ModelDir { dir, adapter, .. } => {
+                let source = match &adapter {
+                    Some(a) => format!("{} + adapter {}", dir.display(), a.display()),
+                    None => dir.display().to_string(),
+                };
+                say(format!("{label}: loading {source}"));
+                let (p, codec) = load_adapted(
+                    &dir,
+                    adapter.as_deref(),
+                    s.tokenizer.as_deref(),
+                    s.dtype,
+                    &s.device,
+                )?;
+                (p, codec, source)
             }
             Contender::Policy {
                 policy,

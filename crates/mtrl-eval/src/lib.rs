@@ -33,7 +33,8 @@ pub mod tasks;
 pub mod trajlog;
 
 pub use job::{
-    evaluate, load_model, prepare_test_sets, Contender, EvalJob, EvalSettings, ProgressFn,
+    evaluate, load_adapted, load_model, prepare_test_sets, Contender, EvalJob, EvalSettings,
+    ProgressFn,
 };
 pub use report::{EvalReport, ModelRun, PassCriterion, PassMetric};
 pub use tasks::TestSet;

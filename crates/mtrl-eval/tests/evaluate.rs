@@ -80,6 +80,7 @@ fn policies_and_baselines_return_results_and_trajectories() {
             Contender::ModelDir {
                 label: "dir".into(),
                 dir: fixture(),
+                adapter: None,
             },
             Contender::Scripted(Baseline::Bm25Once),
         ],

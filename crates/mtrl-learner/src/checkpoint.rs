@@ -1,7 +1,8 @@
 //! Training checkpoints: atomic, checksummed, rotated.
 //!
 //! Layout of `checkpoint.dir`: one folder per checkpoint, `step-00000042/`, holding
-//! - `policy/` — the policy as a Hugging Face checkpoint (loads in transformers unchanged);
+//! - `policy/` — the policy as a Hugging Face checkpoint (loads in transformers unchanged), or
+//!   with LoRA the adapter as PEFT writes it (`adapter_config.json` + `adapter_model.safetensors`);
 //! - `optimizer.safetensors` + `optimizer.json` — AdamW moments, master weights and step;
 //! - `trainer.json` — step, policy version, dataset cursor, RNG states, config hash, resume keys,
 //!   metric history (`format_version`);
@@ -255,15 +256,21 @@ impl CheckpointManager {
                 Err(_) => return Err(format!("{rel} is missing")),
             }
         }
-        for needed in [
-            "trainer.json",
-            "optimizer.json",
-            "optimizer.safetensors",
-            "policy/config.json",
-        ] {
+        for needed in ["trainer.json", "optimizer.json", "optimizer.safetensors"] {
             if !sums.contains_key(needed) {
                 return Err(format!("{needed} is not part of the checkpoint"));
             }
+        }
+        // The policy: a full checkpoint, or a LoRA adapter (PEFT's two files).
+        let full = sums.contains_key("policy/config.json");
+        let adapter = sums.contains_key("policy/adapter_config.json")
+            && sums.contains_key("policy/adapter_model.safetensors");
+        if !full && !adapter {
+            return Err(
+                "policy/config.json (or a LoRA adapter's adapter_config.json and \
+                 adapter_model.safetensors) is not part of the checkpoint"
+                    .into(),
+            );
         }
         Ok(())
     }

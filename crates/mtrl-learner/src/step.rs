@@ -285,8 +285,8 @@ impl Learner {
         }
         let mut total = Totals::default();
         let slices = split_even(rows.rows.len(), cfg.mini_batches);
-        for range in &slices {
-            let u = self.update(&rows.rows[range.clone()], &cfg, m.lr)?;
+        for (k, range) in slices.iter().enumerate() {
+            let u = self.update(&rows.rows[range.clone()], &cfg, m.lr, k as u64)?;
             total.add(&u);
         }
         m.loss = total.loss / slices.len() as f64;

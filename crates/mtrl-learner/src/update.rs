@@ -93,8 +93,15 @@ fn algo(e: mtrl_algo::AlgoError) -> candle_core::Error {
 }
 
 impl Learner {
-    /// One AdamW update from `rows` at learning rate `lr`.
-    pub(crate) fn update(&mut self, rows: &[Row], cfg: &StepConfig, lr: f64) -> Result<Totals> {
+    /// One AdamW update from `rows` at learning rate `lr`; `slice` is its index within the step
+    /// (with the policy version, it seeds LoRA dropout, so a resumed run draws the same masks).
+    pub(crate) fn update(
+        &mut self,
+        rows: &[Row],
+        cfg: &StepConfig,
+        lr: f64,
+        slice: u64,
+    ) -> Result<Totals> {
         let mut out = Totals::default();
         let global = GlobalCounts {
             tokens: rows.iter().map(Row::trained).sum(),
@@ -104,6 +111,8 @@ impl Learner {
         let mut grads: BTreeMap<String, Tensor> = BTreeMap::new();
         for range in micro_batches(rows, cfg.micro_batch_tokens) {
             let mb = pad(&rows[range], &dev)?;
+            let stream = (self.version() << 24) ^ (slice << 12) ^ out.micro_batches;
+            self.policy.set_dropout_seed(mtrl_core::rng::mix(stream));
             out.micro_batches += 1;
             out.padded_tokens += mb.padded as u64;
             let reference = match &self.reference {

@@ -160,7 +160,11 @@ pub fn init(
 
 /// Checks that `tensors` is exactly the adapter `spec` puts on `cfg` (every name present, right
 /// shape, nothing else), naming the first tensor at fault.
-pub fn check_tensors(cfg: &Config, spec: &LoraSpec, tensors: &HashMap<String, Tensor>) -> Result<()> {
+pub fn check_tensors(
+    cfg: &Config,
+    spec: &LoraSpec,
+    tensors: &HashMap<String, Tensor>,
+) -> Result<()> {
     let layers = adapted(cfg, spec);
     for a in &layers {
         for (part, shape) in [('A', [spec.rank, a.inp]), ('B', [a.out, spec.rank])] {

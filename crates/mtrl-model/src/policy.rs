@@ -343,7 +343,10 @@ impl Policy {
 
     fn view(&self, copy: bool) -> Result<PolicySnapshot> {
         let mut tensors = BTreeMap::new();
-        let adapter = self.lora.as_ref().map(|l| (l.spec.clone(), self.base_name()));
+        let adapter = self
+            .lora
+            .as_ref()
+            .map(|l| (l.spec.clone(), self.base_name()));
         for (n, v) in &self.vars {
             let t = v.as_tensor().detach();
             let t = match (copy, &self.device) {
@@ -388,7 +391,8 @@ impl Parts<'_> {
                 .ok_or_else(|| ModelError::tensor(name, "missing"))
         };
         let get_var = |name: &str, _shape: &[usize]| base(name);
-        let get_detached = |name: &str, _shape: &[usize]| -> Result<Tensor> { Ok(base(name)?.detach()) };
+        let get_detached =
+            |name: &str, _shape: &[usize]| -> Result<Tensor> { Ok(base(name)?.detach()) };
         let lora = self.lora;
         let pair = |module: &str, train: bool| adapter::pair(lora, &self.vars, module, train);
         let train_lora = |m: &str, _o: usize, _i: usize| pair(m, true);
@@ -430,7 +434,6 @@ impl Parts<'_> {
         )?;
         Ok((train, infer))
     }
-
 }
 
 /// A policy's weights and metadata, ready to be saved ([`Policy::snapshot`]).

@@ -63,7 +63,10 @@ fn check_forward_tol(
         for differentiable in [false, true] {
             let lp = token_logprobs(p, &ids, None, 1.0, differentiable, 1000).unwrap();
             let d = max_abs_diff(&lp.logprobs, &g[&format!("{prefix}seq{i}.logprobs")], None);
-            assert!(d < tol, "{what} seq{i} logprobs ({differentiable}) diff {d}");
+            assert!(
+                d < tol,
+                "{what} seq{i} logprobs ({differentiable}) diff {d}"
+            );
         }
     }
     let (ids, am) = (
@@ -99,7 +102,14 @@ fn adapter_forward(kind: &str) {
         assert!(d < tol, "{what} right_padded logprobs diff {d}");
         // Served merged, the inference view gives the merged model's values.
         p.set_lora_serving(LoraServing::Merged).unwrap();
-        check_forward_tol(&p, &g, "merged.", &format!("{what} served merged"), &dev, tol);
+        check_forward_tol(
+            &p,
+            &g,
+            "merged.",
+            &format!("{what} served merged"),
+            &dev,
+            tol,
+        );
     }
 }
 
@@ -130,7 +140,10 @@ fn adapter_grads(kind: &str) {
         let d = max_abs_diff(&fwd.logprobs, &g["train.logprobs"], Some(&lmask));
         assert!(d < 1e-4, "{what} train.logprobs diff {d}");
         let want = ts["loss"].as_f64().unwrap();
-        assert!((loss as f64 - want).abs() < 1e-5, "{what} loss {loss} vs {want}");
+        assert!(
+            (loss as f64 - want).abs() < 1e-5,
+            "{what} loss {loss} vs {want}"
+        );
         let mut sq = 0f64;
         for (name, var) in p.named_parameters() {
             let got = grads
@@ -139,17 +152,33 @@ fn adapter_grads(kind: &str) {
             let want = &g[&format!("train.grad.{name}")];
             let scale: f32 = want.abs().unwrap().max_all().unwrap().to_scalar().unwrap();
             let d = max_abs_diff(got, want, None);
-            assert!(d < 1e-4 * scale + 1e-7, "{what} grad {name} diff {d} (max|g| {scale})");
-            let s = got.to_dtype(DType::F64).unwrap().sqr().unwrap().sum_all().unwrap();
+            assert!(
+                d < 1e-4 * scale + 1e-7,
+                "{what} grad {name} diff {d} (max|g| {scale})"
+            );
+            let s = got
+                .to_dtype(DType::F64)
+                .unwrap()
+                .sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap();
             sq += s.to_scalar::<f64>().unwrap();
         }
         let want = ts["grad_norm_before_clipping"].as_f64().unwrap();
-        assert!(((sq.sqrt() - want) / want).abs() < 1e-4, "{what} grad norm {} vs {want}", sq.sqrt());
+        assert!(
+            ((sq.sqrt() - want) / want).abs() < 1e-4,
+            "{what} grad norm {} vs {want}",
+            sq.sqrt()
+        );
         // No base matrix gets a gradient, not even one computed and then ignored (candle keeps
         // the small ones of norm weights, biases, RoPE tables and masks).
         for (name, t) in &p.merged_tensors().unwrap() {
             if t.rank() == 2 {
-                assert!(grads.get(t).is_none(), "{what}: base matrix {name} has a gradient");
+                assert!(
+                    grads.get(t).is_none(),
+                    "{what}: base matrix {name} has a gradient"
+                );
             }
         }
     }
@@ -174,7 +203,13 @@ fn merged_model(kind: &str) {
     let back = Policy::load(out.path(), DType::F32, &dev).unwrap();
     check_forward(&back, &g, "merged.", &format!("{kind} saved merged"), &dev);
     let peft_merged = Policy::load(&lora_dir(kind).join("merged"), DType::F32, &dev).unwrap();
-    check_forward(&peft_merged, &g, "merged.", &format!("{kind} PEFT's merged"), &dev);
+    check_forward(
+        &peft_merged,
+        &g,
+        "merged.",
+        &format!("{kind} PEFT's merged"),
+        &dev,
+    );
 }
 
 fn greedy(kind: &str) {
@@ -211,7 +246,12 @@ fn peft_round_trip(kind: &str) {
             std::fs::read(src.join(f)).unwrap(),
             std::fs::read(out.path().join(f)).unwrap(),
         );
-        assert!(a == b, "{kind}: {f} differs from PEFT's ({} vs {} bytes)", a.len(), b.len());
+        assert!(
+            a == b,
+            "{kind}: {f} differs from PEFT's ({} vs {} bytes)",
+            a.len(),
+            b.len()
+        );
     }
 }
 

@@ -227,10 +227,12 @@ fn evaluation(
             Contender::ModelDir {
                 label: "base".into(),
                 dir: base,
+                adapter: None,
             },
             Contender::ModelDir {
                 label: "tuned".into(),
                 dir: tuned,
+                adapter: None,
             },
             Contender::Scripted(Baseline::Bm25Once),
             Contender::Scripted(Baseline::VectorOnce),

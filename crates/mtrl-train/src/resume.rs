@@ -78,6 +78,18 @@ pub fn resume_keys(cfg: &Config) -> BTreeMap<String, String> {
         "train.global_batch_size".into(),
         cfg.train.global_batch_size.to_string(),
     );
+    // An adapter's shape is fixed by its rank, targets and scaling (absent for full fine-tuning,
+    // so checkpoints from before LoRA resume as they did).
+    if let Some(l) = &cfg.lora {
+        let v = format!(
+            "rank {}, alpha {}, targets {}, rslora {}",
+            l.rank,
+            l.alpha,
+            l.target_modules.join("/"),
+            l.rslora
+        );
+        k.insert("lora".into(), v);
+    }
     k
 }
 

@@ -149,7 +149,38 @@ fn check_history(st: &TrainerState, ckpt: &Path) -> Result<()> {
 }
 
 /// A fresh start from `initial`, or the newest valid checkpoint `latest` (then `initial` is
-/// dropped: it was loaded to check that the tokenizer fits the architecture).
+/// dropped: it was loaded to check that the tokenizer fits the architecture; with LoRA it is the
+/// frozen base the checkpoint's adapter goes on).
+/// The policy of a checkpoint's `policy/` folder: an HF checkpoint, or with LoRA the adapter
+/// (PEFT's files) written onto `initial`'s, whose spec must be the config's.
+fn resume_policy(cfg: &Config, initial: Policy, dir: &Path, parts: &ModelParts) -> Result<Policy> {
+    let Some(l) = &cfg.lora else {
+        drop(initial);
+        if mtrl_model::lora::peft::is_adapter_dir(dir) {
+            bail!(
+                "{} holds a LoRA adapter: add the [lora] section the run was trained with",
+                dir.display()
+            );
+        }
+        return Ok(Policy::load(dir, parts.dtype, &parts.device)?);
+    };
+    let files = mtrl_model::lora::peft::load(dir, parts.dtype, &parts.device)?;
+    let want = setup::lora_spec(l);
+    if files.spec.rank != want.rank || files.spec.alpha != want.alpha {
+        bail!(
+            "{}: the adapter has rank {} / alpha {}, [lora] says {} / {}",
+            dir.display(),
+            files.spec.rank,
+            files.spec.alpha,
+            want.rank,
+            want.alpha
+        );
+    }
+    let mut p = initial;
+    p.set_weights(&files.tensors.into_iter().collect())?;
+    Ok(p)
+}
+
 fn start(
     cfg: &Config,
     data: &setup::Data,
@@ -174,8 +205,7 @@ fn start(
     };
     let st = CheckpointManager::load_state(ckpt)?;
     resume::check_resume_keys(cfg, &st, ckpt)?;
-    drop(initial);
-    let policy = Policy::load(&ckpt.join("policy"), parts.dtype, &parts.device)
+    let policy = resume_policy(cfg, initial, &ckpt.join("policy"), parts)
         .with_context(|| format!("loading the policy of {}", ckpt.display()))?;
     let mut opt = AdamW::load(ckpt, &parts.device)?;
     // The config's decay settings act on a resumed run too (the moments come from the file).
@@ -360,7 +390,7 @@ impl Loop<'_> {
     ) -> Result<bool> {
         let cfg = self.cfg;
         let engine = Engine::with_options(
-            setup::copy_policy(&self.learner.policy)?,
+            setup::engine_policy(cfg, &self.learner.policy)?,
             None,
             self.learner.version(),
             setup::engine_options(cfg),
@@ -490,7 +520,7 @@ impl Loop<'_> {
         if !v.due(step, self.until) {
             return Ok(None);
         }
-        let policy = setup::copy_policy(&self.learner.policy)?;
+        let policy = setup::engine_policy(self.cfg, &self.learner.policy)?;
         let figures = v
             .run(policy, self.learner.version(), rt)
             .with_context(|| format!("validation after step {step}"))?;

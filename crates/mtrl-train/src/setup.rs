@@ -12,7 +12,7 @@ use mtrl_core::{ChatCodec, Config};
 use mtrl_env::{Mixer, SearchEnv, TaskSets};
 use mtrl_learner::{Decay, LrSchedule, StepConfig};
 use mtrl_model::policy::parameter_shapes;
-use mtrl_model::{EngineOptions, Policy, TemplateCodec, Tokenizer};
+use mtrl_model::{EngineOptions, LoraServing, LoraSpec, Policy, TemplateCodec, Tokenizer};
 use mtrl_rollout::{in_process, Driver, EnvFactory, PickEnv};
 use mtrl_search::index::BuildReport;
 use mtrl_search::SearchIndex;
@@ -111,27 +111,48 @@ pub fn initial_policy(cfg: &Config, parts: &ModelParts) -> Result<Policy> {
         }
     };
     parts.tokenizer.check_vocab(p.config().vocab_size)?;
-    Ok(p)
+    match &cfg.lora {
+        // A fresh adapter (B = 0: the policy starts as the base), drawn from the run's seed.
+        Some(l) => Ok(p.with_lora(lora_spec(l), None, seed)?),
+        None => Ok(p),
+    }
 }
 
-/// An independent copy (own storage) of `p`, for the generation engine or a frozen reference.
-///
-/// The copies have finished on the device when this returns: the engine copy moves to the
-/// engine thread, which launches on its own CUDA stream (candle uses the per-thread default
-/// stream) and would otherwise not be ordered after this thread's copies. A no-op on the CPU.
+/// An independent copy of `p` (own storage for what trains; a LoRA policy's frozen base is
+/// shared), for the generation engine or a frozen reference ([`Policy::fork`]: the copies have
+/// finished on the device when this returns, as the engine thread launches on its own CUDA
+/// stream).
 pub fn copy_policy(p: &Policy) -> Result<Policy> {
-    let tensors = p
-        .named_parameters()
-        .iter()
-        .map(|(n, v)| Ok((n.clone(), v.as_tensor().detach().copy()?)))
-        .collect::<Result<_>>()?;
-    p.device().synchronize()?;
-    Ok(Policy::from_tensors(
-        p.config().clone(),
-        tensors,
-        p.dtype(),
-        p.device(),
-    )?)
+    Ok(p.fork()?)
+}
+
+/// The copy of `p` a generation engine serves: [`copy_policy`], with the adapter applied as
+/// `[lora] serving` says.
+pub fn engine_policy(cfg: &Config, p: &Policy) -> Result<Policy> {
+    let mut e = p.fork()?;
+    if let Some(l) = &cfg.lora {
+        e.set_lora_serving(lora_serving(&l.serving))?;
+    }
+    Ok(e)
+}
+
+/// `[lora] serving` as the model crate's enum (validated by the config).
+pub fn lora_serving(s: &str) -> LoraServing {
+    match s {
+        "merged" => LoraServing::Merged,
+        _ => LoraServing::Unmerged,
+    }
+}
+
+/// The adapter `[lora]` asks for, in the model crate's terms.
+pub fn lora_spec(l: &mtrl_core::config::LoraConfig) -> LoraSpec {
+    LoraSpec {
+        rank: l.rank,
+        alpha: l.alpha,
+        targets: l.target_modules.clone(),
+        dropout: l.dropout,
+        rslora: l.rslora,
+    }
 }
 
 /// The rollout engine's batching and memory, from `[rollout]`: by default every episode in flight

@@ -21,7 +21,7 @@
 //! | `rollout_timeout`, `rollout_max_retries` | `rollout.timeout_s`, `rollout.max_retries` |
 //! | `pass_k_values` (one k) | `algorithm.pass_k` |
 //! | `success_threshold` | `algorithm.success_threshold` |
-//! | `lora_rank`, `lora_alpha` | not in this build: an error naming the key |
+//! | `lora_rank`, `lora_alpha` | `lora.rank`, `lora.alpha` (either one turns LoRA on) |
 //!
 //! A key set both here and in its section is an error naming both; an unknown name or a value
 //! we do not support is an error naming the key, never ignored. With this table present, the
@@ -157,15 +157,22 @@ impl HyperparametersSpec {
     ) -> Result<Vec<(String, String)>> {
         let mut log = Vec::new();
         let key = |k: &str| format!("hyperparameters.{k}");
-        for (name, v) in [
-            ("lora_rank", &self.lora_rank),
-            ("lora_alpha", &self.lora_alpha),
-        ] {
-            if v.is_some() {
-                return Err(ctx.invalid(
-                    &key(name),
-                    "LoRA fine-tuning is not in this build yet; remove the key to train all weights",
-                ));
+        if self.lora_rank.is_some() || self.lora_alpha.is_some() {
+            let lora = spec.lora.get_or_insert_with(Default::default);
+            if let Some(v) = &self.lora_rank {
+                let n = v.uint(ctx, &key("lora_rank"))? as usize;
+                put(&mut log, ctx, &mut lora.rank, n, "lora.rank", "lora_rank")?;
+            }
+            if let Some(v) = &self.lora_alpha {
+                let a = v.float(ctx, &key("lora_alpha"))?;
+                put(
+                    &mut log,
+                    ctx,
+                    &mut lora.alpha,
+                    a,
+                    "lora.alpha",
+                    "lora_alpha",
+                )?;
             }
         }
         let train = spec.train.get_or_insert_with(Default::default);
@@ -527,7 +534,15 @@ mod tests {
                 "hyperparameters.advantage_method",
             ),
             (
-                "[hyperparameters]\nlora_rank = 16\n",
+                "[hyperparameters]\nlora_rank = 0\n",
+                "hyperparameters.lora_rank",
+            ),
+            (
+                "[hyperparameters]\nlora_alpha = 'x'\n",
+                "hyperparameters.lora_alpha",
+            ),
+            (
+                "[lora]\nrank = 8\n[hyperparameters]\nlora_rank = 16\n",
                 "hyperparameters.lora_rank",
             ),
             (
@@ -566,6 +581,39 @@ mod tests {
         ] {
             let msg = load(text).unwrap_err().to_string();
             assert!(msg.contains(key), "{text}: {msg}");
+        }
+    }
+
+    #[test]
+    fn lora_names_turn_the_adapter_on() {
+        let c = crate::Config::from_toml_str(
+            "[hyperparameters]\nlora_rank = '16'\nlora_alpha = 32\n",
+            std::path::Path::new("h.toml"),
+        )
+        .unwrap();
+        let l = c.lora.unwrap();
+        assert_eq!((l.rank, l.alpha, l.target_modules.len()), (16, 32.0, 7));
+        let c = crate::Config::from_toml_str("[lora]\n", std::path::Path::new("l.toml")).unwrap();
+        let l = c.lora.unwrap();
+        assert_eq!(
+            (l.rank, l.alpha, l.serving.as_str()),
+            (32, 64.0, "unmerged")
+        );
+        let none = crate::Config::from_toml_str("", std::path::Path::new("n.toml")).unwrap();
+        assert!(none.lora.is_none());
+        for (text, key) in [
+            (
+                "[lora]\ntarget_modules = ['lm_head']\n",
+                "lora.target_modules",
+            ),
+            ("[lora]\ndropout = 1.0\n", "lora.dropout"),
+            ("[lora]\nserving = 'fused'\n", "lora.serving"),
+            ("[lora]\nrank = 0\n", "lora.rank"),
+        ] {
+            let e = crate::Config::from_toml_str(text, std::path::Path::new("l.toml"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{text}: {e}");
         }
     }
 }

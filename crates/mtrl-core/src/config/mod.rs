@@ -9,6 +9,7 @@ mod data;
 mod env;
 mod hyperparameters;
 mod logging;
+mod lora;
 mod model;
 mod rollout;
 mod search;
@@ -28,6 +29,7 @@ pub use data::{DataConfig, DataSpec, DatasetConfig, OneOrMany};
 pub use env::{EnvConfig, EnvSpec, HitFormat, RewardChoice, RewardKind, RewardSpec};
 pub use hyperparameters::HyperparametersSpec;
 pub use logging::{LoggingConfig, LoggingSpec};
+pub use lora::{LoraConfig, LoraSpec, LORA_SERVINGS, LORA_TARGETS};
 pub use model::{ModelConfig, ModelSource, ModelSpec, RANDOM_PRESETS};
 pub use rollout::{AgentConfig, EnvironmentKind, RolloutConfig, RolloutSpec};
 pub use search::{
@@ -49,6 +51,7 @@ pub struct ConfigSpec {
     pub env: Option<EnvSpec>,
     pub data: Option<DataSpec>,
     pub model: Option<ModelSpec>,
+    pub lora: Option<LoraSpec>,
     pub rollout: Option<RolloutSpec>,
     pub algorithm: Option<AlgorithmSpec>,
     pub train: Option<TrainSpec>,
@@ -72,6 +75,8 @@ pub struct Config {
     pub data: Option<DataConfig>,
     /// `[model]`, needed by commands that load a policy.
     pub model: Option<ModelConfig>,
+    /// `[lora]`: when present, an adapter is trained on the frozen base.
+    pub lora: Option<LoraConfig>,
     /// `[rollout]` (defaults when absent).
     pub rollout: RolloutConfig,
     /// `[algorithm]` (defaults when absent).
@@ -163,6 +168,7 @@ impl ConfigSpec {
         let env = self.env.map(|s| s.validate(&ctx)).transpose()?;
         let data = self.data.map(|s| s.validate(&ctx)).transpose()?;
         let model = self.model.map(|s| s.validate(&ctx)).transpose()?;
+        let lora = self.lora.map(|s| s.validate(&ctx)).transpose()?;
         let rollout = self.rollout.unwrap_or_default().validate(&ctx)?;
         let algorithm = self.algorithm.unwrap_or_default().validate(&ctx)?;
         let train = self.train.unwrap_or_default().validate(&ctx)?;
@@ -177,6 +183,7 @@ impl ConfigSpec {
             env,
             data,
             model,
+            lora,
             rollout,
             algorithm,
             train,

@@ -82,7 +82,11 @@ pub fn read_config(dir: &Path) -> Result<(LoraSpec, Option<String>)> {
     }
     if let Some(t) = get("task_type").and_then(Value::as_str) {
         if t != "CAUSAL_LM" {
-            return Err(unsupported(&path, "task_type", format!("`{t}`: only CAUSAL_LM")));
+            return Err(unsupported(
+                &path,
+                "task_type",
+                format!("`{t}`: only CAUSAL_LM"),
+            ));
         }
     }
     if let Some(b) = get("bias").and_then(Value::as_str) {
@@ -111,13 +115,17 @@ pub fn read_config(dir: &Path) -> Result<(LoraSpec, Option<String>)> {
             return Err(unsupported(
                 &path,
                 key,
-                format!("{} is not supported (only plain LoRA)", get(key).unwrap_or(&Value::Null)),
+                format!(
+                    "{} is not supported (only plain LoRA)",
+                    get(key).unwrap_or(&Value::Null)
+                ),
             ));
         }
     }
     let rank = get("r")
         .and_then(Value::as_u64)
-        .ok_or_else(|| invalid(&path, "r", "missing or not a whole number"))? as usize;
+        .ok_or_else(|| invalid(&path, "r", "missing or not a whole number"))?
+        as usize;
     let alpha = get("lora_alpha")
         .and_then(Value::as_f64)
         .ok_or_else(|| invalid(&path, "lora_alpha", "missing or not a number"))?;
@@ -173,7 +181,10 @@ pub fn load(dir: &Path, dtype: DType, device: &Device) -> Result<AdapterFiles> {
     let path = dir.join(WEIGHTS_FILE);
     let bytes = std::fs::read(&path).map_err(|e| ModelError::io(&path, e))?;
     let raw = candle_core::safetensors::load_buffer(&bytes, device).map_err(|e| {
-        ModelError::checkpoint(&path, format!("unreadable or truncated safetensors file: {e}"))
+        ModelError::checkpoint(
+            &path,
+            format!("unreadable or truncated safetensors file: {e}"),
+        )
     })?;
     let mut tensors = HashMap::with_capacity(raw.len());
     for (name, t) in raw {
@@ -259,7 +270,9 @@ pub fn save(
     for (name, t) in tensors {
         host.push((
             name.clone(),
-            t.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.contiguous()?,
+            t.to_dtype(DType::F32)?
+                .to_device(&Device::Cpu)?
+                .contiguous()?,
         ));
     }
     let data: Vec<(String, Vec<u8>, Vec<usize>)> = host

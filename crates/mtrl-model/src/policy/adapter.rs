@@ -189,7 +189,12 @@ impl Policy {
         p.vars = self
             .vars
             .iter()
-            .map(|(n, v)| Ok((n.clone(), Var::from_tensor(&v.as_tensor().detach().copy()?)?)))
+            .map(|(n, v)| {
+                Ok((
+                    n.clone(),
+                    Var::from_tensor(&v.as_tensor().detach().copy()?)?,
+                ))
+            })
             .collect::<Result<_>>()?;
         if let Some(l) = &self.lora {
             let mut fresh = LoraState::new(l.spec.clone(), l.base_name.clone());

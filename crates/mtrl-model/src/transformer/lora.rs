@@ -87,7 +87,11 @@ pub(crate) struct FrozenLinear;
 fn frozen_layouts(l1: &Layout, l2: &Layout) -> Result<((usize, usize, usize), Layout, Layout)> {
     let (n, k) = l2.shape().dims2()?;
     if l1.dims().last() != Some(&k) || !l1.is_contiguous() || !l2.is_contiguous() {
-        candle_core::bail!("frozen linear: input {:?} for weight {:?}", l1.dims(), l2.dims())
+        candle_core::bail!(
+            "frozen linear: input {:?} for weight {:?}",
+            l1.dims(),
+            l2.dims()
+        )
     }
     let m = l1.shape().elem_count() / k.max(1);
     let lhs = Layout::contiguous_with_offset((m, k), l1.start_offset());
