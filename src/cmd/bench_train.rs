@@ -9,9 +9,34 @@ use super::common::print_pretty;
 
 #[derive(clap::Args, Debug)]
 pub struct BenchTrainArgs {
-    /// A training config (its [algorithm] max_staleness is overridden).
+    /// A training config (its [algorithm] max_staleness is overridden); with --lora, a model
+    /// shape's config.json (default bench/bench-small.json).
     #[arg(long)]
-    pub config: PathBuf,
+    pub config: Option<PathBuf>,
+    /// LoRA against full fine-tuning on the --config shape, random weights: training step,
+    /// optimizer-state bytes, weight publish, engine decode unmerged and merged
+    /// (`mtrl_train::bench_lora`).
+    #[arg(long)]
+    pub lora: bool,
+    /// With --lora: adapter rank and alpha (all seven target modules).
+    #[arg(long, default_value_t = 32)]
+    pub rank: usize,
+    #[arg(long, default_value_t = 64.0)]
+    pub alpha: f64,
+    /// With --lora: the training batch (rows × tokens), timed repeats, decode batch.
+    #[arg(long, default_value_t = 4)]
+    pub rows: usize,
+    #[arg(long, default_value_t = 256)]
+    pub len: usize,
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    #[arg(long, default_value_t = 16)]
+    pub batch: usize,
+    /// With --lora: f32, bf16 or f16; cpu or cuda:N.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
     /// Steps per run.
     #[arg(long, default_value_t = 30)]
     pub steps: u64,
@@ -43,9 +68,42 @@ pub fn run_checkpoint(args: &BenchCheckpointArgs) -> Result<()> {
 }
 
 pub fn run(args: &BenchTrainArgs) -> Result<()> {
-    let cfg = mtrl_core::Config::load(&args.config)?;
+    if args.lora {
+        return run_lora(args);
+    }
+    let Some(config) = &args.config else {
+        anyhow::bail!("--config FILE is required (a training config), unless --lora");
+    };
+    let cfg = mtrl_core::Config::load(config)?;
     let out = mtrl_train::bench_train::bench_staleness(&cfg, args.steps, &args.staleness)?;
     print_pretty(&out)
+}
+
+fn run_lora(args: &BenchTrainArgs) -> Result<()> {
+    let path = args
+        .config
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("bench/bench-small.json"));
+    let model = mtrl_model::Config::from_file(&path)?;
+    let b = mtrl_train::bench_lora::LoraBench {
+        model,
+        spec: mtrl_model::LoraSpec {
+            rank: args.rank,
+            alpha: args.alpha,
+            targets: mtrl_model::lora::TARGETS.map(String::from).to_vec(),
+            dropout: 0.0,
+            rslora: false,
+        },
+        dtype: mtrl_model::parse_dtype(&args.dtype)?,
+        device: mtrl_model::parse_device(&args.device)?,
+        rows: args.rows,
+        len: args.len,
+        repeats: args.repeats,
+        batch: args.batch,
+        prompt: 64,
+        new_tokens: 32,
+    };
+    print_pretty(&mtrl_train::bench_lora::bench_lora(&b)?)
 }
 
 #[derive(clap::Args, Debug)]

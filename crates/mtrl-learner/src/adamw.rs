@@ -119,6 +119,15 @@ impl AdamW {
         self.master.get(name)
     }
 
+    /// Bytes of optimizer state held: both moments and the master copies.
+    pub fn state_bytes(&self) -> usize {
+        [&self.m, &self.v, &self.master]
+            .iter()
+            .flat_map(|m| m.values())
+            .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+            .sum()
+    }
+
     /// Number of updates applied so far.
     pub fn step_count(&self) -> u64 {
         self.step

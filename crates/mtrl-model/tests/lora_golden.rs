@@ -295,3 +295,68 @@ fn qwen3_peft_files_round_trip() {
 fn qwen2_peft_files_round_trip() {
     peft_round_trip("qwen2");
 }
+
+/// rsLoRA scales by alpha/√r: the fixture tensors under rsLoRA equal plain LoRA with alpha·√r, and
+/// differ from the golden (plain) logits by far more than the tolerance.
+#[test]
+fn rslora_scales_by_alpha_over_sqrt_rank() {
+    let dev = Device::Cpu;
+    let (g, _) = lora_golden("qwen3");
+    let files = peft::load(&lora_dir("qwen3").join("adapter"), DType::F32, &dev).unwrap();
+    let base = || Policy::load(&model_dir("qwen3"), DType::F32, &dev).unwrap();
+    let mut rs = files.spec.clone();
+    rs.rslora = true;
+    let mut plain = files.spec.clone();
+    plain.alpha = files.spec.alpha * (files.spec.rank as f64).sqrt();
+    let a = base()
+        .with_lora(rs, Some(files.tensors.clone()), 0)
+        .unwrap();
+    let b = base()
+        .with_lora(plain, Some(files.tensors.clone()), 0)
+        .unwrap();
+    let ids = &g["seq1.input_ids"];
+    let (la, lb) = (
+        a.forward(ids, None, None).unwrap(),
+        b.forward(ids, None, None).unwrap(),
+    );
+    assert!(max_abs_diff(&la, &lb, None) < 1e-4);
+    assert!(max_abs_diff(&la, &g["seq1.logits"], None) > 1.0);
+}
+
+/// Dropout acts on the training view only, with masks a pure function of the seed.
+#[test]
+fn dropout_masks_follow_the_seed() {
+    let dev = Device::Cpu;
+    let (g, _) = lora_golden("qwen3");
+    let files = peft::load(&lora_dir("qwen3").join("adapter"), DType::F32, &dev).unwrap();
+    let mut spec = files.spec.clone();
+    spec.dropout = 0.5;
+    let p = Policy::load(&model_dir("qwen3"), DType::F32, &dev)
+        .unwrap()
+        .with_lora(spec, Some(files.tensors), 0)
+        .unwrap();
+    let ids = &g["seq1.input_ids"];
+    let train = |seed: u64| {
+        p.set_dropout_seed(seed);
+        token_logprobs(&p, ids, None, 1.0, true, 1000)
+            .unwrap()
+            .logprobs
+    };
+    let (a, b, c) = (train(1), train(1), train(2));
+    assert_eq!(max_abs_diff(&a, &b, None), 0.0, "same seed, same masks");
+    assert!(
+        max_abs_diff(&a, &c, None) > 1e-3,
+        "another seed, other masks"
+    );
+    assert!(
+        max_abs_diff(&a, &g["seq1.logprobs"], None) > 1e-3,
+        "dropout changed nothing"
+    );
+    let infer = token_logprobs(&p, ids, None, 1.0, false, 1000)
+        .unwrap()
+        .logprobs;
+    assert!(
+        max_abs_diff(&infer, &g["seq1.logprobs"], None) < 1e-4,
+        "inference has no dropout"
+    );
+}

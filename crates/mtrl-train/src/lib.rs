@@ -23,6 +23,7 @@
 pub mod agent;
 pub mod baselines;
 pub mod bench_agent;
+pub mod bench_lora;
 pub mod bench_train;
 pub mod data;
 pub mod demo;
