@@ -394,7 +394,7 @@ impl Parts<'_> {
         let get_detached =
             |name: &str, _shape: &[usize]| -> Result<Tensor> { Ok(base(name)?.detach()) };
         let lora = self.lora;
-        let pair = |module: &str, train: bool| adapter::pair(lora, &self.vars, module, train);
+        let pair = |module: &str, train: bool| adapter::pair(lora, self.vars, module, train);
         let train_lora = |m: &str, _o: usize, _i: usize| pair(m, true);
         let merged = lora.is_some_and(|l| l.merged);
         let infer_lora = |m: &str, _o: usize, _i: usize| {

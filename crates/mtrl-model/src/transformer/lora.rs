@@ -124,7 +124,8 @@ impl CustomOp2 for FrozenLinear {
         Ok((out, out_shape(l1, n)))
     }
 
-    #[cfg(feature = "cuda")]
+    // Not behind `cfg(feature = "cuda")`: without the feature candle's `CudaStorage` is a dummy
+    // with the same trait, so every CPU build type-checks this path too.
     fn cuda_fwd(
         &self,
         s1: &candle_core::CudaStorage,
