@@ -9,6 +9,8 @@
 #      weights, bf16, the multi-turn search environment over Cranfield (BM25 + hashing-embedder
 #      vectors), task files from `mtrl data prepare` and the Qwen3 tokenizer of tests/fixtures —
 #      all carried by the repository; small group / batch / turns so it stays near a minute;
+#      then `mtrl bench train --lora`: LoRA (rank 32) against full fine-tuning on the same shape,
+#      one row of 2,048 tokens, with the phase's peak GPU memory;
 #   4. `mtrl bench engine`: 64 four-call episodes (150-token tool responses) on the paged engine
 #      and on the legacy one, side by side (episodes/s ratio, KV-reuse factor);
 #   5. bench/torch_ref.py, the same workload with transformers (bf16 `generate` with KV cache;
@@ -122,6 +124,11 @@ BENCH_COMMON=("$BIN" bench model --config "$SHAPE" --device "$DEVICE" --dtype bf
 BENCH_DECODE=("${BENCH_COMMON[@]}" --prompt-len "$PROMPT" --new-tokens "$NEW" --batch-sizes)
 BENCH_TRAIN=("${BENCH_COMMON[@]}" --phases train --train-batch "$TRAIN_BATCH"
   --train-len "$TRAIN_LEN" --train-micro-batch "$TRAIN_MICRO")
+# LoRA (rank 32, all seven targets) against full fine-tuning on the same shape: one row of
+# TRAIN_LEN tokens per step; step time, optimizer bytes, publish, decode unmerged / merged. Its
+# phase peak is the larger of the two (full fine-tuning runs first in the same process).
+BENCH_LORA=("$BIN" bench train --lora --config "$SHAPE" --device "$DEVICE" --dtype bf16
+  --rows 1 --len "$TRAIN_LEN" --repeats 1 --batch 16)
 # The multi-turn rollout workload on the paged engine and the legacy one (episodes/s ratio).
 BENCH_ENGINE=("$BIN" bench engine --config "$SHAPE" --device "$DEVICE" --dtype bf16 --repeats 1
   "${ENGINE_WORKLOAD[@]}")
@@ -171,6 +178,8 @@ if [[ "$DRY" == 1 ]]; then
   echo "{\"check\":\"dry-run.args\",\"ok\":true,\"timeout_s\":$TIMEOUT,\"device\":\"$DEVICE\",\"out\":\"$OUTDIR\",\"fixtures_mib\":$fixtures_mib,\"torch_import\":\"skipped in dry run\"}"
   json step=selftest plan="${SELFTEST[*]}"
   json step=mtrl-train plan="${BENCH_TRAIN[*]}"
+  json step=mtrl-lora plan="${BENCH_LORA[*]}"
+  "$BIN" bench train --help | grep -q -- --lora || die "mtrl bench train has no --lora"
   json step=train-smoke plan="unpack $FIXTURES/qwen3-tokenizer into runs/qwen3-tokenizer; ${DATA_PREP[*]}; ${RL_TRAIN[*]}"
   for b in ${BATCHES//,/ }; do
     json step="mtrl-decode-$b" plan="${BENCH_DECODE[*]} $b --phases $([[ $b == "${BATCHES%%,*}" ]] && echo prefill,decode || echo decode)"
@@ -317,6 +326,7 @@ else
   json step=train-smoke skipped="prepare failed" log_tail="$(tail -c 600 "$OUTDIR/train-prepare.log")"
   FAILED+=(train-smoke)
 fi
+run mtrl-lora "$OUTDIR/mtrl-lora.json" 120 "${BENCH_LORA[@]}"
 for i in "${!BATCH_LIST[@]}"; do
   (( i == LAST && LAST > 0 )) && continue
   b="${BATCH_LIST[$i]}"

@@ -595,10 +595,7 @@ mod tests {
         assert_eq!((l.rank, l.alpha, l.target_modules.len()), (16, 32.0, 7));
         let c = crate::Config::from_toml_str("[lora]\n", std::path::Path::new("l.toml")).unwrap();
         let l = c.lora.unwrap();
-        assert_eq!(
-            (l.rank, l.alpha, l.serving.as_str()),
-            (32, 64.0, "unmerged")
-        );
+        assert_eq!((l.rank, l.alpha, l.serving.as_str()), (32, 64.0, "auto"));
         let none = crate::Config::from_toml_str("", std::path::Path::new("n.toml")).unwrap();
         assert!(none.lora.is_none());
         for (text, key) in [
