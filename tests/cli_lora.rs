@@ -69,6 +69,7 @@ fn export_and_eval_an_adapter() {
     assert!(std::fs::read(copy.join(file)).unwrap() == std::fs::read(adapter.join(file)).unwrap());
     let cfg: serde_json::Value =
         json(&std::fs::read_to_string(copy.join("adapter_config.json")).unwrap());
+    assert_eq!(cfg["base_model_name_or_path"].as_str(), Some(base_s));
     assert_eq!(
         (cfg["r"].as_u64(), cfg["lora_alpha"].as_u64()),
         (Some(8), Some(16))

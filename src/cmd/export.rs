@@ -22,7 +22,8 @@ pub struct ExportArgs {
     /// Write the merged model instead of the adapter.
     #[arg(long)]
     pub merge: bool,
-    /// dtype of the merged weights: f32, bf16 or f16 (the merge itself is computed in f32).
+    /// dtype of the merged weights: f32, bf16 or f16 (the merge itself is computed in f32). The
+    /// adapter is always written in f32.
     #[arg(long, default_value = "f32")]
     pub dtype: String,
 }
@@ -33,10 +34,13 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
         bail!("--out {} is not empty", args.out.display());
     }
     let device = candle_core::Device::Cpu;
-    let policy = Policy::load(&args.model, candle_core::DType::F32, &device)
+    // Loaded in f32, so the adapter is not rounded before the merge (a bf16 base takes twice its
+    // size in memory here); written in --dtype.
+    let mut policy = Policy::load(&args.model, candle_core::DType::F32, &device)
         .with_context(|| format!("loading the base model from {}", args.model.display()))?
         .load_adapter(&args.adapter)
         .with_context(|| format!("loading the adapter from {}", args.adapter.display()))?;
+    policy.set_lora_base_name(&args.model.display().to_string());
     if args.merge {
         policy.save_merged(&args.out, dtype)?;
     } else {

@@ -254,27 +254,42 @@ impl TokenLogprobs {
                 dh_chunks.push(Tensor::from_vec(dh_buf, (self.rows.len(), hs), &dev)?);
             }
         }
-        let mut surrogate = match (head_grad, dw) {
-            (true, Some(dw)) => Some((self.lm_head.to_dtype(DType::F32)? * dw)?.sum_all()?),
-            (true, None) => Some(
-                (self.lm_head.to_dtype(DType::F32)? * Tensor::zeros(wd.dims(), DType::F32, &dev)?)?
-                    .sum_all()?,
-            ),
-            (false, _) => None,
+        let surrogate = self.surrogate(head_grad, dw, &dh_chunks, &dev)?;
+        Ok(surrogate.backward()?)
+    }
+
+    /// `Σ lm_head·dW + Σ hidden·dh` (each factor detached but the parameter side): its backward
+    /// hands the gradients on to the graph. Without a head gradient (frozen head) only the hidden
+    /// term.
+    fn surrogate(
+        &self,
+        head_grad: bool,
+        dw: Option<Tensor>,
+        dh_chunks: &[Tensor],
+        dev: &candle_core::Device,
+    ) -> Result<Tensor> {
+        let mut out = if head_grad {
+            let head = self.lm_head.to_dtype(DType::F32)?;
+            let dw = match dw {
+                Some(dw) => dw,
+                None => Tensor::zeros(head.dims(), DType::F32, dev)?,
+            };
+            Some((head * dw)?.sum_all()?)
+        } else {
+            None
         };
         if !dh_chunks.is_empty() {
-            let dh = Tensor::cat(&dh_chunks, 0)?.detach();
+            let dh = Tensor::cat(dh_chunks, 0)?.detach();
             let sh = (self.hidden.to_dtype(DType::F32)? * dh.to_dtype(DType::F32)?)?.sum_all()?;
-            surrogate = Some(match surrogate {
+            out = Some(match out {
                 Some(s) => (s + sh)?,
                 None => sh,
             });
         }
-        let surrogate = match surrogate {
+        Ok(match out {
             Some(s) => s,
-            None => Tensor::zeros((), DType::F32, &dev)?,
-        };
-        Ok(surrogate.backward()?)
+            None => Tensor::zeros((), DType::F32, dev)?,
+        })
     }
 }
 

@@ -1,10 +1,15 @@
-//! The policy: a Qwen2/Qwen3 decoder whose every parameter is a `candle_core::Var` under its
-//! Hugging Face name, plus load/save.
+//! The policy: a Qwen2/Qwen3 decoder whose every trainable parameter is a `candle_core::Var`
+//! under its Hugging Face name, plus load/save.
 //!
 //! Two views of the same storage are kept: `training()` is built from the `Var`s themselves, so
 //! every op on it is recorded for backprop; `inference()` is built from detached handles of the same
 //! buffers, so generation records no graph and uses the fused kernels. `set_weights` (and any
-//! optimizer that calls `Var::set`) writes in place and both views see the new values at once.
+//! optimizer that calls `Var::set`) writes in place and both views see the new values at once —
+//! except a merged-served adapter's inference view, a working copy that only `set_weights`
+//! rebuilds (merged serving is for the engine's fork, which only `set_weights` updates).
+//!
+//! With LoRA the `Var`s are the adapter's `A`/`B` (PEFT names) and the base weights are plain
+//! tensors (`policy/adapter.rs`).
 //!
 //! Invariant: the parameter map holds each tensor once; a tied `lm_head` is not a separate entry,
 //! so its gradient is the sum of its embedding and output uses, as in PyTorch.
@@ -85,6 +90,13 @@ pub fn parameter_shapes(cfg: &Config) -> Vec<(String, Vec<usize>)> {
 impl Policy {
     /// Loads `config.json`, `generation_config.json` and the weights of an HF checkpoint folder.
     pub fn load(dir: &Path, dtype: DType, device: &Device) -> Result<Self> {
+        if crate::lora::peft::is_adapter_dir(dir) && !dir.join("config.json").is_file() {
+            return Err(ModelError::checkpoint(
+                dir,
+                "is a LoRA adapter folder, not a model: load its base model and put the adapter \
+                 on it (`--adapter`, `Policy::load_adapter`)",
+            ));
+        }
         let config = Config::from_file(&dir.join("config.json"))?;
         let generation = GenerationConfig::from_dir(dir)?;
         let tensors = checkpoint::load_tensors(dir, dtype, device)?;

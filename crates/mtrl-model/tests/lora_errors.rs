@@ -110,3 +110,19 @@ fn tensor_mismatches_are_named() {
         "{e}"
     );
 }
+
+#[test]
+fn an_adapter_folder_is_not_a_model() {
+    let e = Policy::load(&adapter_src(), DType::F32, &Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("LoRA adapter folder") && e.contains("adapter"),
+        "{e}"
+    );
+    // A dropout outside [0, 1) is named as PEFT's key.
+    let t = tempfile::tempdir().unwrap();
+    edited(t.path(), |c| c["lora_dropout"] = serde_json::json!(1.5));
+    let e = load_err("qwen3", t.path());
+    assert!(e.contains("lora_dropout"), "{e}");
+}

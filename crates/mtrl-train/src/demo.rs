@@ -85,6 +85,13 @@ pub fn run(cfg: &Config, o: &DemoOptions) -> Result<DemoOutcome> {
             cfg.source.display()
         )
     })?;
+    if cfg.lora.is_some() {
+        crate::bail!(
+            "{}: the default job warm-starts every weight of a policy built from scratch, so it \
+             takes no [lora] section; train an adapter with `mtrl train` on a base checkpoint",
+            cfg.source.display()
+        );
+    }
     eprintln!("mtrl: default job, config {}", cfg.source.display());
     stage(t0, "1/7 task files");
     task_files(cfg)?;

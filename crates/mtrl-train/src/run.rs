@@ -148,11 +148,8 @@ fn check_history(st: &TrainerState, ckpt: &Path) -> Result<()> {
     Ok(())
 }
 
-/// A fresh start from `initial`, or the newest valid checkpoint `latest` (then `initial` is
-/// dropped: it was loaded to check that the tokenizer fits the architecture; with LoRA it is the
-/// frozen base the checkpoint's adapter goes on).
 /// The policy of a checkpoint's `policy/` folder: an HF checkpoint, or with LoRA the adapter
-/// (PEFT's files) written onto `initial`'s, whose spec must be the config's.
+/// (PEFT's files, every tensor of the config's spec) written onto `initial`'s.
 fn resume_policy(cfg: &Config, initial: Policy, dir: &Path, parts: &ModelParts) -> Result<Policy> {
     let Some(l) = &cfg.lora else {
         drop(initial);
@@ -166,21 +163,37 @@ fn resume_policy(cfg: &Config, initial: Policy, dir: &Path, parts: &ModelParts) 
     };
     let files = mtrl_model::lora::peft::load(dir, parts.dtype, &parts.device)?;
     let want = setup::lora_spec(l);
-    if files.spec.rank != want.rank || files.spec.alpha != want.alpha {
+    let mut targets = (files.spec.targets.clone(), want.targets.clone());
+    targets.0.sort();
+    targets.1.sort();
+    let same = files.spec.rank == want.rank
+        && files.spec.alpha == want.alpha
+        && files.spec.rslora == want.rslora
+        && targets.0 == targets.1;
+    if !same {
         bail!(
-            "{}: the adapter has rank {} / alpha {}, [lora] says {} / {}",
+            "{}: the adapter is rank {} / alpha {} / rslora {} on {}, [lora] says {} / {} / {} on {}",
             dir.display(),
             files.spec.rank,
             files.spec.alpha,
+            files.spec.rslora,
+            targets.0.join(","),
             want.rank,
-            want.alpha
+            want.alpha,
+            want.rslora,
+            targets.1.join(",")
         );
     }
+    mtrl_model::lora::check_tensors(initial.config(), &want, &files.tensors)
+        .with_context(|| format!("the adapter in {}", dir.display()))?;
     let mut p = initial;
     p.set_weights(&files.tensors.into_iter().collect())?;
     Ok(p)
 }
 
+/// A fresh start from `initial`, or the newest valid checkpoint `latest` (then `initial` is
+/// dropped: it was loaded to check that the tokenizer fits the architecture; with LoRA it is the
+/// frozen base the checkpoint's adapter goes on).
 fn start(
     cfg: &Config,
     data: &setup::Data,

@@ -131,18 +131,20 @@ pub fn copy_policy(p: &Policy) -> Result<Policy> {
 pub fn engine_policy(cfg: &Config, p: &Policy) -> Result<Policy> {
     let mut e = p.fork()?;
     if let Some(l) = &cfg.lora {
-        e.set_lora_serving(lora_serving(&l.serving, p.device()))?;
+        e.set_lora_serving(lora_serving(&l.serving, p.device(), p.dtype()))?;
     }
     Ok(e)
 }
 
 /// `[lora] serving` as the model crate's enum (validated by the config): `auto` merges on the
-/// CPU (decode measured 0.97–0.98× full fine-tuning's merged against 0.79–0.84× unmerged on
-/// bench-small, rank 32 / 8) and stays unmerged elsewhere (the engine shares the frozen base).
-pub fn lora_serving(s: &str, device: &Device) -> LoraServing {
+/// CPU in f32 (decode measured 0.97–0.98× full fine-tuning's merged against 0.79–0.84× unmerged
+/// on bench-small, rank 32 / 8) and stays unmerged elsewhere: on a GPU the engine then shares the
+/// frozen base, and in bf16/f16 a merged copy would round the adapter's small updates away
+/// (the config refuses an explicit `merged` there).
+pub fn lora_serving(s: &str, device: &Device, dtype: DType) -> LoraServing {
     match s {
         "merged" => LoraServing::Merged,
-        "auto" if device.is_cpu() => LoraServing::Merged,
+        "auto" if device.is_cpu() && dtype == DType::F32 => LoraServing::Merged,
         _ => LoraServing::Unmerged,
     }
 }

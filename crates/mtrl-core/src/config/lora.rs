@@ -11,9 +11,10 @@
 //! ```
 //!
 //! The section's presence turns LoRA on; `[hyperparameters] lora_rank` / `lora_alpha` create it.
-//! `serving = "auto"` merges on the CPU (measured faster: `mtrl bench train --lora`) and keeps
-//! the adapter unmerged on a GPU, where the engine then shares the frozen base instead of holding
-//! a merged copy of every adapted weight.
+//! `serving = "auto"` merges on the CPU in f32 (measured faster: `mtrl bench train --lora`) and
+//! keeps the adapter unmerged otherwise: on a GPU the engine then shares the frozen base instead of
+//! holding a merged copy of every adapted weight, and in bf16/f16 a merged copy would round the
+//! adapter's small updates away (`merged` with such a `model.dtype` is an error).
 //! Checkpoints then hold the adapter (PEFT's files) and its optimizer state, never the base.
 
 use serde::Deserialize;
@@ -103,5 +104,21 @@ impl LoraSpec {
             rslora: self.rslora.unwrap_or(false),
             serving,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    #[test]
+    fn merged_serving_needs_f32() {
+        let text = "[model]\npath = 'random:tiny'\ndtype = 'bf16'\n[lora]\nserving = 'merged'\n";
+        let e = crate::Config::from_toml_str(text, Path::new("m.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("lora.serving") && e.contains("bf16"), "{e}");
+        let ok = text.replace("'merged'", "'auto'");
+        assert!(crate::Config::from_toml_str(&ok, Path::new("m.toml")).is_ok());
     }
 }

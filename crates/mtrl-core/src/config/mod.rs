@@ -169,6 +169,18 @@ impl ConfigSpec {
         let data = self.data.map(|s| s.validate(&ctx)).transpose()?;
         let model = self.model.map(|s| s.validate(&ctx)).transpose()?;
         let lora = self.lora.map(|s| s.validate(&ctx)).transpose()?;
+        if let (Some(l), Some(m)) = (&lora, &model) {
+            if l.serving == "merged" && m.dtype != "f32" {
+                return Err(ctx.invalid(
+                    "lora.serving",
+                    format!(
+                        "`merged` with model.dtype = {}: the merged copy would round the \
+                         adapter's updates away; use `unmerged` or `auto`",
+                        m.dtype
+                    ),
+                ));
+            }
+        }
         let rollout = self.rollout.unwrap_or_default().validate(&ctx)?;
         let algorithm = self.algorithm.unwrap_or_default().validate(&ctx)?;
         let train = self.train.unwrap_or_default().validate(&ctx)?;

@@ -70,6 +70,74 @@ pub fn read_config(dir: &Path) -> Result<(LoraSpec, Option<String>)> {
         .as_object()
         .ok_or_else(|| invalid(&path, "(top level)", "is not a JSON object"))?;
     let get = |k: &str| obj.get(k);
+    check_plain_lora(&path, obj)?;
+    let rank = get("r")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| invalid(&path, "r", "missing or not a whole number"))?
+        as usize;
+    let alpha = get("lora_alpha")
+        .and_then(Value::as_f64)
+        .ok_or_else(|| invalid(&path, "lora_alpha", "missing or not a number"))?;
+    let dropout = match get("lora_dropout") {
+        None | Some(Value::Null) => 0.0,
+        Some(v) => v
+            .as_f64()
+            .ok_or_else(|| invalid(&path, "lora_dropout", "not a number"))?,
+    };
+    let rslora = match get("use_rslora") {
+        None | Some(Value::Null) => false,
+        Some(v) => v
+            .as_bool()
+            .ok_or_else(|| invalid(&path, "use_rslora", "not true or false"))?,
+    };
+    let targets = match get("target_modules") {
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|t| {
+                t.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| invalid(&path, "target_modules", "holds a non-string"))
+            })
+            .collect::<Result<Vec<_>>>()?,
+        Some(Value::String(s)) if s == "all-linear" => super::TARGETS.map(String::from).to_vec(),
+        Some(Value::String(s)) => {
+            return Err(unsupported(
+                &path,
+                "target_modules",
+                format!("the pattern `{s}`: list the module names instead"),
+            ))
+        }
+        _ => return Err(invalid(&path, "target_modules", "missing or not a list")),
+    };
+    let spec = LoraSpec {
+        rank,
+        alpha,
+        targets,
+        dropout,
+        rslora,
+    };
+    // Each value's own key in the error (the spec's check says what is wrong).
+    let key = if spec.rank == 0 {
+        "r"
+    } else if !spec.alpha.is_finite() || spec.alpha <= 0.0 {
+        "lora_alpha"
+    } else if !(0.0..1.0).contains(&spec.dropout) {
+        "lora_dropout"
+    } else {
+        "target_modules"
+    };
+    spec.check()
+        .map_err(|e| invalid(&path, key, e.to_string()))?;
+    let base = get("base_model_name_or_path")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    Ok((spec, base))
+}
+
+/// Errors for anything of PEFT's that is not plain LoRA (naming the field).
+fn check_plain_lora(path: &Path, obj: &serde_json::Map<String, Value>) -> Result<()> {
+    let path = path.to_path_buf();
+    let get = |k: &str| obj.get(k);
     match get("peft_type").and_then(Value::as_str) {
         Some("LORA") => {}
         other => {
@@ -122,57 +190,7 @@ pub fn read_config(dir: &Path) -> Result<(LoraSpec, Option<String>)> {
             ));
         }
     }
-    let rank = get("r")
-        .and_then(Value::as_u64)
-        .ok_or_else(|| invalid(&path, "r", "missing or not a whole number"))?
-        as usize;
-    let alpha = get("lora_alpha")
-        .and_then(Value::as_f64)
-        .ok_or_else(|| invalid(&path, "lora_alpha", "missing or not a number"))?;
-    let dropout = match get("lora_dropout") {
-        None | Some(Value::Null) => 0.0,
-        Some(v) => v
-            .as_f64()
-            .ok_or_else(|| invalid(&path, "lora_dropout", "not a number"))?,
-    };
-    let rslora = match get("use_rslora") {
-        None | Some(Value::Null) => false,
-        Some(v) => v
-            .as_bool()
-            .ok_or_else(|| invalid(&path, "use_rslora", "not true or false"))?,
-    };
-    let targets = match get("target_modules") {
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|t| {
-                t.as_str()
-                    .map(str::to_string)
-                    .ok_or_else(|| invalid(&path, "target_modules", "holds a non-string"))
-            })
-            .collect::<Result<Vec<_>>>()?,
-        Some(Value::String(s)) if s == "all-linear" => super::TARGETS.map(String::from).to_vec(),
-        Some(Value::String(s)) => {
-            return Err(unsupported(
-                &path,
-                "target_modules",
-                format!("the pattern `{s}`: list the module names instead"),
-            ))
-        }
-        _ => return Err(invalid(&path, "target_modules", "missing or not a list")),
-    };
-    let spec = LoraSpec {
-        rank,
-        alpha,
-        targets,
-        dropout,
-        rslora,
-    };
-    spec.check()
-        .map_err(|e| invalid(&path, "target_modules / r / lora_alpha", e.to_string()))?;
-    let base = get("base_model_name_or_path")
-        .and_then(Value::as_str)
-        .map(str::to_string);
-    Ok((spec, base))
+    Ok(())
 }
 
 /// Reads an adapter folder, tensors converted to `dtype` on `device`.

@@ -173,6 +173,13 @@ impl Policy {
         }
     }
 
+    /// Sets the `base_model_name_or_path` the adapter files will name (no-op without an adapter).
+    pub fn set_lora_base_name(&mut self, name: &str) {
+        if let Some(l) = self.lora.as_mut() {
+            l.base_name = name.to_string();
+        }
+    }
+
     /// The `base_model_name_or_path` adapter files name.
     pub(crate) fn base_name(&self) -> String {
         self.lora
