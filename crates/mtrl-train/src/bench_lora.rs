@@ -48,6 +48,10 @@ fn best(repeats: usize, mut f: impl FnMut() -> Result<f64>) -> Result<f64> {
     Ok(b)
 }
 
+fn params(p: &Policy) -> usize {
+    p.named_parameters().values().map(|v| v.elem_count()).sum()
+}
+
 fn bytes(p: &Policy) -> usize {
     p.named_parameters()
         .values()
@@ -122,11 +126,7 @@ pub fn bench_lora(b: &LoraBench) -> Result<Value> {
     let mut full_engine = full.fork()?;
     let full_publish = publish(&full, &mut full_engine, b.repeats)?;
     let full_decode = decode(full_engine, b, b.repeats)?;
-    let base_params: usize = full
-        .named_parameters()
-        .values()
-        .map(|v| v.elem_count())
-        .sum();
+    let base_params = params(&full);
     let full_bytes = bytes(&full);
     let lora = full.with_lora(b.spec.clone(), None, 0)?;
     let (lora_step, lora_opt) = train_step(&lora, &batch, b.repeats)?;
@@ -137,11 +137,7 @@ pub fn bench_lora(b: &LoraBench) -> Result<Value> {
     let merged_publish = publish(&lora, &mut merged, b.repeats)?;
     let unmerged_decode = decode(unmerged, b, b.repeats)?;
     let merged_decode = decode(merged, b, b.repeats)?;
-    let adapter_params: usize = lora
-        .named_parameters()
-        .values()
-        .map(|v| v.elem_count())
-        .sum();
+    let adapter_params = params(&lora);
     let tokens = (b.rows * b.len) as f64;
     Ok(json!({
         "device": format!("{:?}", b.device.location()),

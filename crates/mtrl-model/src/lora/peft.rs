@@ -90,25 +90,7 @@ pub fn read_config(dir: &Path) -> Result<(LoraSpec, Option<String>)> {
             .as_bool()
             .ok_or_else(|| invalid(&path, "use_rslora", "not true or false"))?,
     };
-    let targets = match get("target_modules") {
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|t| {
-                t.as_str()
-                    .map(str::to_string)
-                    .ok_or_else(|| invalid(&path, "target_modules", "holds a non-string"))
-            })
-            .collect::<Result<Vec<_>>>()?,
-        Some(Value::String(s)) if s == "all-linear" => super::TARGETS.map(String::from).to_vec(),
-        Some(Value::String(s)) => {
-            return Err(unsupported(
-                &path,
-                "target_modules",
-                format!("the pattern `{s}`: list the module names instead"),
-            ))
-        }
-        _ => return Err(invalid(&path, "target_modules", "missing or not a list")),
-    };
+    let targets = target_modules(&path, get("target_modules"))?;
     let spec = LoraSpec {
         rank,
         alpha,
@@ -132,6 +114,29 @@ pub fn read_config(dir: &Path) -> Result<(LoraSpec, Option<String>)> {
         .and_then(Value::as_str)
         .map(str::to_string);
     Ok((spec, base))
+}
+
+/// `target_modules`: a list of names, or PEFT's `"all-linear"`; any other pattern is an error.
+fn target_modules(path: &Path, v: Option<&Value>) -> Result<Vec<String>> {
+    Ok(match v {
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|t| {
+                t.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| invalid(path, "target_modules", "holds a non-string"))
+            })
+            .collect::<Result<Vec<_>>>()?,
+        Some(Value::String(s)) if s == "all-linear" => super::TARGETS.map(String::from).to_vec(),
+        Some(Value::String(s)) => {
+            return Err(unsupported(
+                path,
+                "target_modules",
+                format!("the pattern `{s}`: list the module names instead"),
+            ))
+        }
+        _ => return Err(invalid(path, "target_modules", "missing or not a list")),
+    })
 }
 
 /// Errors for anything of PEFT's that is not plain LoRA (naming the field).
