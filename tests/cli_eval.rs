@@ -4,7 +4,7 @@
 //! prompts, a missing model folder, a test file without judgments).
 
 mod common;
-use common::{cranfield_config, json, mtrl, repo};
+use common::{cranfield_config, json, mtrl, prepared_cranfield, repo};
 
 const LIMIT: &str = "4";
 
@@ -12,18 +12,7 @@ const LIMIT: &str = "4";
 fn eval_reports_policies_and_baselines_and_refuses_bad_input() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let base_cfg = cranfield_config(d, "cran", "base.toml", "");
-    let data = d.join("data");
-    let (ok, _, err) = mtrl(&[
-        "data",
-        "prepare",
-        "--config",
-        base_cfg.to_str().unwrap(),
-        "--out",
-        data.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
-    let split = data.join("cran");
+    let split = prepared_cranfield(d);
     // Short budgets: a random policy writes 8 tokens and fails (token_limit) in its first turn.
     let budgets = "[env]\nmax_turns = 2\nmax_tokens_per_turn = 8\nmax_context_tokens = 1024\n\
                    [rollout]\nrollout_max_concurrency = 8\ntemperature = 1.0\n";

@@ -4,7 +4,7 @@
 //! episodes as the exported merged model — on the first Cranfield test tasks.
 
 mod common;
-use common::{cranfield_config, json, mtrl, repo};
+use common::{cranfield_config, json, mtrl, prepared_cranfield, repo};
 
 fn max_diff(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {
     (a - b)
@@ -76,18 +76,7 @@ fn export_and_eval_an_adapter() {
     );
 
     // Evaluation: the adapter on its base against the exported merged model.
-    let base_cfg = cranfield_config(d, "cran", "base.toml", "");
-    let data = d.join("data");
-    let (ok, _, err) = mtrl(&[
-        "data",
-        "prepare",
-        "--config",
-        base_cfg.to_str().unwrap(),
-        "--out",
-        data.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
-    let split = data.join("cran");
+    let split = prepared_cranfield(d);
     let cfg = cranfield_config(
         d,
         "cran",

@@ -16,6 +16,47 @@ fn load(name: &str) -> Config {
     Config::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// A single-GPU config: bf16 on cuda:0, the model folder, the documented context and micro-batch,
+/// MuSiQue data and corpus, and an algorithm the learner takes.
+fn single_gpu(name: &str, model: &str, ctx: usize, mbt: usize) -> Config {
+    let c = load(name);
+    let m = c.model().unwrap();
+    assert_eq!(
+        (m.dtype.as_str(), m.device.as_str()),
+        ("bf16", "cuda:0"),
+        "{name}"
+    );
+    match &m.source {
+        ModelSource::Dir(d) => assert!(d.ends_with(model), "{name}: {}", d.display()),
+        other => panic!("{name}: expected a model folder, got {other:?}"),
+    }
+    let env = c.env_or_default();
+    assert_eq!(env.max_context_tokens, ctx, "{name}");
+    assert_eq!(c.train.micro_batch_tokens, mbt, "{name}");
+    assert!(c
+        .data()
+        .unwrap()
+        .train
+        .iter()
+        .all(|d| d.path.to_string_lossy().contains("musique")));
+    assert!(c
+        .search()
+        .unwrap()
+        .corpus
+        .to_string_lossy()
+        .contains("musique-hipporag100"));
+    StepConfig::from_algorithm(
+        &c.algorithm,
+        c.rollout.temperature,
+        c.train.grad_clip,
+        c.train.micro_batch_tokens,
+        LrSchedule::constant(c.train.lr),
+        env.max_context_tokens,
+    )
+    .unwrap_or_else(|e| panic!("{name}: {e}"));
+    c
+}
+
 #[test]
 fn gpu_configs_validate_with_the_documented_sizes() {
     // (file, model folder, max_context_tokens, micro_batch_tokens)
@@ -23,41 +64,7 @@ fn gpu_configs_validate_with_the_documented_sizes() {
         ("qwen3-0.6b-smoke.toml", "Qwen3-0.6B", 2048, 2048),
         ("qwen3-4b.toml", "Qwen3-4B", 1024, 1024),
     ] {
-        let c = load(name);
-        let m = c.model().unwrap();
-        assert_eq!(
-            (m.dtype.as_str(), m.device.as_str()),
-            ("bf16", "cuda:0"),
-            "{name}"
-        );
-        match &m.source {
-            ModelSource::Dir(d) => assert!(d.ends_with(model), "{name}: {}", d.display()),
-            other => panic!("{name}: expected a model folder, got {other:?}"),
-        }
-        let env = c.env_or_default();
-        assert_eq!(env.max_context_tokens, ctx, "{name}");
-        assert_eq!(c.train.micro_batch_tokens, mbt, "{name}");
-        assert!(c
-            .data()
-            .unwrap()
-            .train
-            .iter()
-            .all(|d| d.path.to_string_lossy().contains("musique")));
-        assert!(c
-            .search()
-            .unwrap()
-            .corpus
-            .to_string_lossy()
-            .contains("musique-hipporag100"));
-        StepConfig::from_algorithm(
-            &c.algorithm,
-            c.rollout.temperature,
-            c.train.grad_clip,
-            c.train.micro_batch_tokens,
-            LrSchedule::constant(c.train.lr),
-            env.max_context_tokens,
-        )
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        single_gpu(name, model, ctx, mbt);
     }
 }
 
@@ -138,20 +145,7 @@ fn lora_configs_validate_with_the_documented_sizes() {
         ("qwen3-8b-lora-80gb.toml", "Qwen3-8B", 1024, 1024, 16 * 1024),
         ("qwen3-14b-lora.toml", "Qwen3-14B", 1280, 1280, 16 * 1280),
     ] {
-        let c = load(name);
-        let m = c.model().unwrap();
-        assert_eq!(
-            (m.dtype.as_str(), m.device.as_str()),
-            ("bf16", "cuda:0"),
-            "{name}"
-        );
-        match &m.source {
-            ModelSource::Dir(d) => assert!(d.ends_with(model), "{name}: {}", d.display()),
-            other => panic!("{name}: expected a model folder, got {other:?}"),
-        }
-        let env = c.env_or_default();
-        assert_eq!(env.max_context_tokens, ctx, "{name}");
-        assert_eq!(c.train.micro_batch_tokens, mbt, "{name}");
+        let c = single_gpu(name, model, ctx, mbt);
         assert_eq!(
             c.rollout.kv_cache_tokens,
             Some(c.rollout.rollout_max_concurrency * ctx),
@@ -167,20 +161,5 @@ fn lora_configs_validate_with_the_documented_sizes() {
         assert_eq!(lora.serving, "unmerged", "{name}");
         assert_eq!((lora.dropout, lora.rslora), (0.0, false), "{name}");
         assert_eq!(c.train.lr, 4e-5, "{name}");
-        assert!(c
-            .data()
-            .unwrap()
-            .train
-            .iter()
-            .all(|d| d.path.to_string_lossy().contains("musique")));
-        StepConfig::from_algorithm(
-            &c.algorithm,
-            c.rollout.temperature,
-            c.train.grad_clip,
-            c.train.micro_batch_tokens,
-            LrSchedule::constant(c.train.lr),
-            env.max_context_tokens,
-        )
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
     }
 }

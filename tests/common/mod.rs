@@ -44,6 +44,23 @@ pub fn cranfield_config(dir: &Path, name: &str, file: &str, extra: &str) -> Path
     cfg
 }
 
+/// Cranfield's train/validation/test task files, prepared by `mtrl data prepare` from a
+/// [`cranfield_config`] into `dir/data`; returns the split folder (`dir/data/cran`).
+pub fn prepared_cranfield(dir: &Path) -> PathBuf {
+    let base = cranfield_config(dir, "cran", "base.toml", "");
+    let data = dir.join("data");
+    let (ok, _, err) = mtrl(&[
+        "data",
+        "prepare",
+        "--config",
+        base.to_str().unwrap(),
+        "--out",
+        data.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    data.join("cran")
+}
+
 /// Parses command output as JSON, showing the text when it is not.
 pub fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))

@@ -3,17 +3,15 @@
 //! mtrl-algo, the gradients from mtrl-model and the optimizer from this crate. Also: optimizer
 //! state survives save → load bit for bit.
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
+use common::{fixtures, max_diff};
 use mtrl_algo::{aggregate, per_token_loss, Aggregation, GlobalCounts, LossInputs, PolicyLoss};
 use mtrl_learner::{clip_global_norm, AdamW, AdamWConfig};
 use mtrl_model::{logprobs_and_grads, token_logprobs, Policy};
-
-fn fixtures() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures"))
-}
 
 fn golden(kind: &str) -> (HashMap<String, Tensor>, serde_json::Value) {
     let dir = fixtures().join("golden").join(format!("tiny-{kind}"));
@@ -21,23 +19,6 @@ fn golden(kind: &str) -> (HashMap<String, Tensor>, serde_json::Value) {
     let j =
         serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
     (t, j)
-}
-
-fn max_diff(a: &Tensor, b: &Tensor, mask: Option<&Tensor>) -> f32 {
-    let d = (a.to_dtype(DType::F32).unwrap() - b.to_dtype(DType::F32).unwrap())
-        .unwrap()
-        .abs()
-        .unwrap();
-    let d = match mask {
-        Some(m) => d.mul(&m.to_dtype(DType::F32).unwrap()).unwrap(),
-        None => d,
-    };
-    d.flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
 }
 
 /// One step; returns the policy after it and the optimizer.

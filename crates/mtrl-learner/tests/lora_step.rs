@@ -3,33 +3,14 @@
 //! this crate's clipping and optimizer over the policy's trainable parameters, which are the 28
 //! adapter tensors and nothing else. Also: the optimizer state is the adapter's only.
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
+use common::{fixtures, max_diff};
 use mtrl_learner::{clip_global_norm, AdamW, AdamWConfig};
 use mtrl_model::{logprobs_and_grads, token_logprobs, Policy};
-
-fn fixtures() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures"))
-}
-
-fn max_diff(a: &Tensor, b: &Tensor, mask: Option<&Tensor>) -> f32 {
-    let d = (a.to_dtype(DType::F32).unwrap() - b.to_dtype(DType::F32).unwrap())
-        .unwrap()
-        .abs()
-        .unwrap();
-    let d = match mask {
-        Some(m) => d.mul(&m.to_dtype(DType::F32).unwrap()).unwrap(),
-        None => d,
-    };
-    d.flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-}
 
 fn loss_of(lp: &Tensor, mask: &Tensor, adv: &Tensor) -> candle_core::Result<Tensor> {
     let n = mask.sum_all()?.to_scalar::<f32>()? as f64;

@@ -12,7 +12,7 @@ use candle_core::{DType, Device};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::error::{ModelError, Result};
+use crate::error::{invalid, unsupported, ModelError, Result};
 
 /// Which decoder family: they differ only in q/k/v bias (Qwen2) and per-head q/k RMSNorm (Qwen3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,22 +64,6 @@ struct RawConfig {
     hidden_act: Option<String>,
     bos_token_id: Option<Value>,
     eos_token_id: Option<Value>,
-}
-
-fn unsupported(path: &Path, key: &str, msg: impl Into<String>) -> ModelError {
-    ModelError::Unsupported {
-        path: path.to_path_buf(),
-        key: key.to_string(),
-        msg: msg.into(),
-    }
-}
-
-fn invalid(path: &Path, key: &str, msg: impl Into<String>) -> ModelError {
-    ModelError::Config {
-        path: path.to_path_buf(),
-        key: key.to_string(),
-        msg: msg.into(),
-    }
 }
 
 /// `rope_scaling` / `rope_parameters` may only be absent, null or of the plain `default` kind.

@@ -3,7 +3,7 @@
 //! Messages are lowercase, have no final period and name the file, key or tensor at fault, so that
 //! a user who pointed `--model` at the wrong folder learns what to fix without a backtrace.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Everything that can go wrong while loading, running or saving a policy.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +49,25 @@ pub enum ModelError {
     /// An error from candle while computing.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
+}
+
+/// `file: unsupported setting key: msg` (a checkpoint or adapter config asks for what is not
+/// implemented).
+pub(crate) fn unsupported(path: &Path, key: &str, msg: impl Into<String>) -> ModelError {
+    ModelError::Unsupported {
+        path: path.to_path_buf(),
+        key: key.to_string(),
+        msg: msg.into(),
+    }
+}
+
+/// `file: invalid config key key: msg` (missing, wrong type or out of range).
+pub(crate) fn invalid(path: &Path, key: &str, msg: impl Into<String>) -> ModelError {
+    ModelError::Config {
+        path: path.to_path_buf(),
+        key: key.to_string(),
+        msg: msg.into(),
+    }
 }
 
 /// `Result` with [`ModelError`].

@@ -13,19 +13,12 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::config::Config;
 use crate::error::{ModelError, Result};
+use mtrl_core::config::{check_lora, LoraField};
 
 pub mod peft;
 
 /// The modules LoRA may target, as PEFT names them (the default targets all of them).
-pub const TARGETS: [&str; 7] = [
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-];
+pub use mtrl_core::config::LORA_TARGETS as TARGETS;
 
 /// An adapter's shape and scaling.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,33 +44,10 @@ impl LoraSpec {
     }
 
     /// Errors for a rank of 0, a non-finite alpha, a dropout outside [0, 1), an unknown or
-    /// repeated target, or no target.
-    pub fn check(&self) -> Result<()> {
-        let bad = |m: String| Err(ModelError::InvalidArgument(format!("lora: {m}")));
-        if self.rank == 0 {
-            return bad("rank must be at least 1".into());
-        }
-        if !self.alpha.is_finite() || self.alpha <= 0.0 {
-            return bad(format!("alpha {} must be a positive number", self.alpha));
-        }
-        if !(0.0..1.0).contains(&self.dropout) {
-            return bad(format!("dropout {} must be in [0, 1)", self.dropout));
-        }
-        if self.targets.is_empty() {
-            return bad("target_modules is empty".into());
-        }
-        for (i, t) in self.targets.iter().enumerate() {
-            if !TARGETS.contains(&t.as_str()) {
-                return bad(format!(
-                    "target module `{t}` is not one of {}",
-                    TARGETS.join(", ")
-                ));
-            }
-            if self.targets[..i].contains(t) {
-                return bad(format!("target module `{t}` is listed twice"));
-            }
-        }
-        Ok(())
+    /// repeated target, or no target ([`mtrl_core::config::check_lora`]); the field that failed
+    /// comes with the message.
+    pub fn check(&self) -> std::result::Result<(), (LoraField, String)> {
+        check_lora(self.rank, self.alpha, self.dropout, &self.targets)
     }
 }
 

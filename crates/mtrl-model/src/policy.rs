@@ -389,22 +389,35 @@ struct Parts<'a> {
 }
 
 impl Parts<'_> {
+    /// A base weight: its `Var`'s tensor (full fine-tuning) or the frozen tensor (LoRA).
+    fn base(&self, name: &str) -> Result<Tensor> {
+        if let Some(v) = self.vars.get(name) {
+            return Ok(v.as_tensor().clone());
+        }
+        self.frozen
+            .get(name)
+            .cloned()
+            .ok_or_else(|| ModelError::tensor(name, "missing"))
+    }
+
+    /// A base weight, detached, with the adapter merged in where it adapts that layer
+    /// (`W + s·B·A`, PEFT's `merge_and_unload`).
+    fn merged_weight(&self, name: &str) -> Result<Tensor> {
+        let w = self.base(name)?.detach();
+        let Some(module) = name.strip_suffix(".weight") else {
+            return Ok(w);
+        };
+        match adapter::pair(self.lora, self.vars, module, false)? {
+            Some(p) => Ok(crate::transformer::lora::merged(&w, &p)?),
+            None => Ok(w),
+        }
+    }
+
     /// Both views of the parameters: base weights from `vars` or `frozen`, adapters (training:
     /// the `Var`s; inference: detached handles, or merged into a working copy when the adapter is
     /// served merged).
     fn views(&self) -> Result<(Transformer, Transformer)> {
-        let base = |name: &str| -> Result<Tensor> {
-            if let Some(v) = self.vars.get(name) {
-                return Ok(v.as_tensor().clone());
-            }
-            self.frozen
-                .get(name)
-                .cloned()
-                .ok_or_else(|| ModelError::tensor(name, "missing"))
-        };
-        let get_var = |name: &str, _shape: &[usize]| base(name);
-        let get_detached =
-            |name: &str, _shape: &[usize]| -> Result<Tensor> { Ok(base(name)?.detach()) };
+        let get_var = |name: &str, _shape: &[usize]| self.base(name);
         let lora = self.lora;
         let pair = |module: &str, train: bool| adapter::pair(lora, self.vars, module, train);
         let train_lora = |m: &str, _o: usize, _i: usize| pair(m, true);
@@ -416,12 +429,11 @@ impl Parts<'_> {
                 pair(m, false)
             }
         };
-        let get_merged = |name: &str, shape: &[usize]| -> Result<Tensor> {
-            let w = get_detached(name, shape)?;
-            match name.strip_suffix(".weight").map(|m| pair(m, false)) {
-                Some(Ok(Some(p))) if merged => Ok(crate::transformer::lora::merged(&w, &p)?),
-                Some(Err(e)) => Err(e),
-                _ => Ok(w),
+        let get_merged = |name: &str, _shape: &[usize]| -> Result<Tensor> {
+            if merged {
+                self.merged_weight(name)
+            } else {
+                Ok(self.base(name)?.detach())
             }
         };
         let train = Transformer::new(

@@ -6,8 +6,7 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use common::*;
 use mtrl_model::{
-    left_padding_positions, logprobs_and_grads, token_logprobs, Engine, GenerationRequest, KvCache,
-    Policy, SamplingParams,
+    left_padding_positions, logprobs_and_grads, token_logprobs, Engine, KvCache, Policy,
 };
 
 fn load(kind: &str, dev: &Device) -> Policy {
@@ -154,19 +153,11 @@ fn greedy_generation(kind: &str, dev: &Device) {
     assert!(d < 1e-4, "{kind} gen.step_logits diff {d}");
     // the engine, greedy, alone and in a batch with other sequences
     let mut e = Engine::new(p, None, 0, 8).unwrap();
-    let req = |prompt: Vec<u32>, n| GenerationRequest {
-        prompt,
-        sampling: SamplingParams::greedy(),
-        max_new_tokens: n,
-        stop_token_ids: vec![],
-        stop_strings: vec![],
-        session: None,
-    };
     let out = e
         .generate(vec![
-            req(prompt.clone(), want.len()),
-            req(vec![5, 6, 7], 3),
-            req(prompt[..10].to_vec(), 30),
+            greedy_request(prompt.clone(), want.len()),
+            greedy_request(vec![5, 6, 7], 3),
+            greedy_request(prompt[..10].to_vec(), 30),
         ])
         .unwrap();
     assert_eq!(out[0].tokens, want, "{kind} greedy output");

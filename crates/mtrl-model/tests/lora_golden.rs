@@ -14,8 +14,7 @@ use candle_core::{DType, Device, Tensor};
 use common::*;
 use mtrl_model::lora::peft;
 use mtrl_model::{
-    left_padding_positions, logprobs_and_grads, token_logprobs, Engine, GenerationRequest,
-    LoraServing, Policy, SamplingParams,
+    left_padding_positions, logprobs_and_grads, token_logprobs, Engine, LoraServing, Policy,
 };
 
 fn lora_dir(kind: &str) -> std::path::PathBuf {
@@ -220,16 +219,11 @@ fn greedy(kind: &str) {
         let mut p = with_adapter(kind, DType::F32, &Device::Cpu);
         p.set_lora_serving(serving).unwrap();
         let mut e = Engine::new(p, None, 0, 8).unwrap();
-        let req = |prompt: Vec<u32>, n| GenerationRequest {
-            prompt,
-            sampling: SamplingParams::greedy(),
-            max_new_tokens: n,
-            stop_token_ids: vec![],
-            stop_strings: vec![],
-            session: None,
-        };
         let out = e
-            .generate(vec![req(prompt.clone(), want.len()), req(vec![5, 6, 7], 3)])
+            .generate(vec![
+                greedy_request(prompt.clone(), want.len()),
+                greedy_request(vec![5, 6, 7], 3),
+            ])
             .unwrap();
         assert_eq!(out[0].tokens, want, "{kind} {serving:?} greedy output");
     }

@@ -36,6 +36,64 @@ pub const LORA_TARGETS: [&str; 7] = [
 /// How the engine applies the adapter.
 pub const LORA_SERVINGS: [&str; 3] = ["auto", "unmerged", "merged"];
 
+/// The adapter value a [`check_lora`] failure is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoraField {
+    Rank,
+    Alpha,
+    Dropout,
+    Targets,
+}
+
+impl LoraField {
+    /// The field's key in `[lora]`.
+    pub fn name(self) -> &'static str {
+        match self {
+            LoraField::Rank => "rank",
+            LoraField::Alpha => "alpha",
+            LoraField::Dropout => "dropout",
+            LoraField::Targets => "target_modules",
+        }
+    }
+}
+
+/// The range checks of an adapter's values, shared by `[lora]`, PEFT's `adapter_config.json`
+/// (`mtrl-model`, which names its own keys) and adapters built through the model API: a rank of
+/// at least 1, a positive finite alpha, a dropout in [0, 1), and targets that are a non-empty set
+/// of [`LORA_TARGETS`].
+pub fn check_lora(
+    rank: usize,
+    alpha: f64,
+    dropout: f64,
+    targets: &[String],
+) -> std::result::Result<(), (LoraField, String)> {
+    if rank == 0 {
+        return Err((LoraField::Rank, "must be at least 1".into()));
+    }
+    if !alpha.is_finite() || alpha <= 0.0 {
+        return Err((
+            LoraField::Alpha,
+            format!("{alpha} is not a positive number"),
+        ));
+    }
+    if !(0.0..1.0).contains(&dropout) {
+        return Err((LoraField::Dropout, format!("{dropout} is not in [0, 1)")));
+    }
+    if targets.is_empty() {
+        return Err((LoraField::Targets, "is empty".into()));
+    }
+    for (i, t) in targets.iter().enumerate() {
+        if !LORA_TARGETS.contains(&t.as_str()) {
+            let all = LORA_TARGETS.join(", ");
+            return Err((LoraField::Targets, format!("`{t}` is not one of {all}")));
+        }
+        if targets[..i].contains(t) {
+            return Err((LoraField::Targets, format!("`{t}` is listed twice")));
+        }
+    }
+    Ok(())
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LoraSpec {
@@ -61,34 +119,13 @@ pub struct LoraConfig {
 impl LoraSpec {
     pub(crate) fn validate(self, ctx: &Ctx<'_>) -> Result<LoraConfig> {
         let rank = self.rank.unwrap_or(32);
-        if rank == 0 {
-            return Err(ctx.invalid("lora.rank", "must be at least 1"));
-        }
         let alpha = self.alpha.unwrap_or(64.0);
-        if !alpha.is_finite() || alpha <= 0.0 {
-            return Err(ctx.invalid("lora.alpha", format!("{alpha} is not a positive number")));
-        }
         let dropout = self.dropout.unwrap_or(0.0);
-        if !(0.0..1.0).contains(&dropout) {
-            return Err(ctx.invalid("lora.dropout", format!("{dropout} is not in [0, 1)")));
-        }
         let targets = self
             .target_modules
             .unwrap_or_else(|| LORA_TARGETS.map(String::from).to_vec());
-        if targets.is_empty() {
-            return Err(ctx.invalid("lora.target_modules", "is empty"));
-        }
-        for (i, t) in targets.iter().enumerate() {
-            if !LORA_TARGETS.contains(&t.as_str()) {
-                return Err(ctx.invalid(
-                    "lora.target_modules",
-                    format!("`{t}` is not one of {}", LORA_TARGETS.join(", ")),
-                ));
-            }
-            if targets[..i].contains(t) {
-                return Err(ctx.invalid("lora.target_modules", format!("`{t}` is listed twice")));
-            }
-        }
+        check_lora(rank, alpha, dropout, &targets)
+            .map_err(|(field, message)| ctx.invalid(&format!("lora.{}", field.name()), message))?;
         let serving = self.serving.unwrap_or_else(|| "auto".into());
         if !LORA_SERVINGS.contains(&serving.as_str()) {
             return Err(ctx.invalid(

@@ -29,7 +29,7 @@ pub use data::{DataConfig, DataSpec, DatasetConfig, OneOrMany};
 pub use env::{EnvConfig, EnvSpec, HitFormat, RewardChoice, RewardKind, RewardSpec};
 pub use hyperparameters::HyperparametersSpec;
 pub use logging::{LoggingConfig, LoggingSpec};
-pub use lora::{LoraConfig, LoraSpec, LORA_SERVINGS, LORA_TARGETS};
+pub use lora::{check_lora, LoraConfig, LoraField, LoraSpec, LORA_SERVINGS, LORA_TARGETS};
 pub use model::{ModelConfig, ModelSource, ModelSpec, RANDOM_PRESETS};
 pub use rollout::{AgentConfig, EnvironmentKind, RolloutConfig, RolloutSpec};
 pub use search::{

@@ -16,8 +16,10 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 use serde_json::{json, Value};
 
+use mtrl_core::config::LoraField;
+
 use super::LoraSpec;
-use crate::error::{ModelError, Result};
+use crate::error::{invalid, unsupported, ModelError, Result};
 
 pub const CONFIG_FILE: &str = "adapter_config.json";
 pub const WEIGHTS_FILE: &str = "adapter_model.safetensors";
@@ -30,22 +32,6 @@ pub struct AdapterFiles {
     pub base_model: Option<String>,
     /// The tensors under their PEFT names (`dtype`, `device` of the loader).
     pub tensors: HashMap<String, Tensor>,
-}
-
-fn unsupported(path: &Path, key: &str, msg: impl Into<String>) -> ModelError {
-    ModelError::Unsupported {
-        path: path.to_path_buf(),
-        key: key.to_string(),
-        msg: msg.into(),
-    }
-}
-
-fn invalid(path: &Path, key: &str, msg: impl Into<String>) -> ModelError {
-    ModelError::Config {
-        path: path.to_path_buf(),
-        key: key.to_string(),
-        msg: msg.into(),
-    }
 }
 
 /// Whether `v` is PEFT's "off" value for a field (absent, null, false, `{}`, `[]`).
@@ -98,18 +84,15 @@ pub fn read_config(dir: &Path) -> Result<(LoraSpec, Option<String>)> {
         dropout,
         rslora,
     };
-    // Each value's own key in the error (the spec's check says what is wrong).
-    let key = if spec.rank == 0 {
-        "r"
-    } else if !spec.alpha.is_finite() || spec.alpha <= 0.0 {
-        "lora_alpha"
-    } else if !(0.0..1.0).contains(&spec.dropout) {
-        "lora_dropout"
-    } else {
-        "target_modules"
-    };
-    spec.check()
-        .map_err(|e| invalid(&path, key, e.to_string()))?;
+    spec.check().map_err(|(field, message)| {
+        let key = match field {
+            LoraField::Rank => "r",
+            LoraField::Alpha => "lora_alpha",
+            LoraField::Dropout => "lora_dropout",
+            LoraField::Targets => "target_modules",
+        };
+        invalid(&path, key, message)
+    })?;
     let base = get("base_model_name_or_path")
         .and_then(Value::as_str)
         .map(str::to_string);

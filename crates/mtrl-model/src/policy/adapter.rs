@@ -16,7 +16,7 @@ use super::{parameter_shapes, Policy};
 use crate::checkpoint;
 use crate::error::{ModelError, Result};
 use crate::lora::{self, peft, LoraSpec};
-use crate::transformer::lora::{merged, Dropout};
+use crate::transformer::lora::Dropout;
 use crate::transformer::LoraPair;
 
 /// How the inference view applies the adapter.
@@ -103,7 +103,9 @@ impl Policy {
                 "the policy already has a LoRA adapter".into(),
             ));
         }
-        spec.check()?;
+        spec.check().map_err(|(field, m)| {
+            ModelError::InvalidArgument(format!("lora {}: {m}", field.name()))
+        })?;
         let tensors = match tensors {
             Some(t) => t,
             None => lora::init(&self.config, &spec, seed, self.dtype, &self.device)?,
@@ -216,21 +218,10 @@ impl Policy {
     /// Every base weight under its HF name with the adapter merged in (`W + s·B·A` in f32, PEFT's
     /// `merge_and_unload`); the base weights themselves without an adapter.
     pub fn merged_tensors(&self) -> Result<BTreeMap<String, Tensor>> {
+        let parts = self.parts();
         let mut out = BTreeMap::new();
         for (name, _) in parameter_shapes(&self.config) {
-            let w = match self.vars.get(&name) {
-                Some(v) => v.as_tensor().detach(),
-                None => self
-                    .frozen
-                    .get(&name)
-                    .cloned()
-                    .ok_or_else(|| ModelError::tensor(&name, "missing"))?,
-            };
-            let module = name.strip_suffix(".weight").unwrap_or(&name);
-            let w = match pair(self.lora.as_ref(), &self.vars, module, false)? {
-                Some(p) if name.ends_with(".weight") => merged(&w, &p)?,
-                _ => w,
-            };
+            let w = parts.merged_weight(&name)?;
             out.insert(name, w);
         }
         Ok(out)

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
+use mtrl_model::{GenerationRequest, SamplingParams};
 
 pub fn fixtures() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures"))
@@ -71,4 +72,16 @@ pub fn devices() -> Vec<Device> {
     #[cfg(feature = "cuda")]
     d.push(Device::new_cuda(0).expect("cuda feature enabled but no cuda device"));
     d
+}
+
+/// A greedy request for `n` new tokens after `prompt`: no stops, no session.
+pub fn greedy_request(prompt: Vec<u32>, n: usize) -> GenerationRequest {
+    GenerationRequest {
+        prompt,
+        sampling: SamplingParams::greedy(),
+        max_new_tokens: n,
+        stop_token_ids: vec![],
+        stop_strings: vec![],
+        session: None,
+    }
 }
