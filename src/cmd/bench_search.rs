@@ -30,6 +30,12 @@ pub struct BenchSearchArgs {
     /// ef_search values for the recall sweep (the configured one is always included).
     #[arg(long, value_delimiter = ',', default_value = "16,32,64,128,256")]
     pub ef_sweep: Vec<usize>,
+    /// Documents embedded (twice) for the embedder's documents/s figure; 0 skips it.
+    #[arg(long, default_value_t = 2000)]
+    pub embed_docs: usize,
+    /// The peer's JSON (`bench/search_peers.py --out FILE`): adds both sides and ratios.
+    #[arg(long)]
+    pub peer: Option<PathBuf>,
 }
 
 pub fn run(args: &BenchSearchArgs) -> Result<()> {
@@ -41,6 +47,8 @@ pub fn run(args: &BenchSearchArgs) -> Result<()> {
         rounds: args.rounds,
         skip_build: args.skip_build,
         ef_sweep: args.ef_sweep.clone(),
+        embed_docs: args.embed_docs,
+        peer: args.peer.clone(),
     };
     let report = mtrl_eval::bench_search::bench_search(&cfg, &opts, &mut IndexBar::new(false))?;
     print_pretty(&report)

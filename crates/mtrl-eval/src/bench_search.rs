@@ -1,6 +1,9 @@
-//! `mtrl bench search`: index build speed, query throughput and latency (one thread, and N
-//! concurrent tokio tasks), and HNSW recall@k against exact brute-force search, as one JSON
-//! object. A benchmark, not a test: nothing here asserts on time.
+//! `mtrl bench search`: index build speed, embedder speed (documents/s, one-query latency), query
+//! throughput and latency of both tools (one thread, and N concurrent tokio tasks — for the
+//! vector tool with and without query batching), HNSW recall@k against exact brute-force search,
+//! and peak RSS of indexing and of serving, as one JSON object; with a peer's JSON
+//! (`bench/search_peers.py`) the figures side by side with ratios (`bench_search_peer.rs`).
+//! A benchmark, not a test: nothing here asserts on time.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,7 +12,7 @@ use std::time::Instant;
 
 use mtrl_core::Config;
 use mtrl_search::index::Progress;
-use mtrl_search::vector::{Embeddings, EMBEDDINGS_FILE};
+use mtrl_search::vector::QueryBatching;
 use mtrl_search::{queries, Retriever, SearchIndex};
 use serde_json::{json, Value};
 
@@ -29,6 +32,27 @@ pub struct BenchSearchOptions {
     pub skip_build: bool,
     /// ef_search values for the recall sweep (the configured one is always included).
     pub ef_sweep: Vec<usize>,
+    /// Documents for the embedder's documents/s figure (the first N of the corpus, embedded
+    /// twice, the better pass counts); 0 skips it.
+    pub embed_docs: usize,
+    /// The peer's JSON (`bench/search_peers.py`): adds a side-by-side `vs_peer` table.
+    pub peer: Option<PathBuf>,
+}
+
+/// Peak and current resident memory of this process, in MiB, from `/proc/self/status` (Linux;
+/// `None` elsewhere).
+fn rss_mb() -> Option<(f64, f64)> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb = |key: &str| -> Option<f64> {
+        let line = s.lines().find(|l| l.starts_with(key))?;
+        line.split_whitespace().nth(1)?.parse::<f64>().ok()
+    };
+    Some((kb("VmHWM:")? / 1024.0, kb("VmRSS:")? / 1024.0))
+}
+
+/// Resets the peak-RSS mark to the current RSS (Linux `clear_refs` 5); false when not possible.
+fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -125,6 +149,81 @@ fn concurrent(
     Ok(v)
 }
 
+/// The hit ids of one search.
+fn ids(tool: &dyn Retriever, q: &str, k: usize) -> Result<Vec<String>> {
+    Ok(tool.search(q, k)?.into_iter().map(|h| h.doc_id).collect())
+}
+
+/// Whether every query, searched by `tasks` threads at once through the batcher, returns the
+/// same hits as it did alone and unbatched.
+fn same_hits_concurrently(
+    index: &Arc<SearchIndex>,
+    texts: &Arc<Vec<String>>,
+    want: &[Vec<String>],
+    k: usize,
+    tasks: usize,
+) -> Result<bool> {
+    let next = AtomicUsize::new(0);
+    let got: Vec<Vec<(usize, Vec<String>)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..tasks.max(1))
+            .map(|_| {
+                s.spawn(|| {
+                    let mut out = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= texts.len() {
+                            return Ok(out);
+                        }
+                        out.push((i, ids(index.vector(), &texts[i], k)?));
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(EvalError::Invalid("search thread panicked".into())))
+            })
+            .collect::<Result<_>>()
+    })?;
+    Ok(got.into_iter().flatten().all(|(i, hits)| hits == want[i]))
+}
+
+/// Embedder speed: documents/s over the first `n` documents (two passes, the better one), and
+/// one-query-at-a-time embedding latency.
+fn bench_embedder(index: &SearchIndex, queries: &[String], n: usize) -> Result<Value> {
+    let e = index.vector().embedder();
+    let mut out = json!({"id": e.id()});
+    if n > 0 {
+        let docs: Vec<String> = index
+            .corpus()
+            .documents()
+            .iter()
+            .take(n)
+            .map(|d| d.indexed_text())
+            .collect();
+        let refs: Vec<&str> = docs.iter().map(String::as_str).collect();
+        let mut best = f64::MAX;
+        for _ in 0..2 {
+            let t = Instant::now();
+            e.embed(&refs)?;
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        out["docs"] = json!(refs.len());
+        out["docs_per_s"] = json!(refs.len() as f64 / best);
+    }
+    let mut lat = Vec::with_capacity(queries.len());
+    let t = Instant::now();
+    for q in queries {
+        let t = Instant::now();
+        e.embed(&[q.as_str()])?;
+        lat.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    out["query"] = latency_stats(lat, t.elapsed().as_secs_f64());
+    Ok(out)
+}
+
 /// Runs the benchmark on the config's `[search]` section; `progress` shows the index build.
 pub fn bench_search(
     cfg: &Config,
@@ -158,9 +257,12 @@ pub fn bench_search(
         search.index_dir = t.path().to_path_buf();
         _tmp = t;
     }
+    let before_build = rss_mb();
+    let peak_reset = reset_peak_rss();
     let t0 = Instant::now();
     let (mut index, build) = SearchIndex::open_or_build(&search, progress)?;
     let build_s = t0.elapsed().as_secs_f64();
+    let after_build = rss_mb();
     let docs = build.docs as f64;
     let parts: Vec<Value> = build
         .parts
@@ -168,8 +270,11 @@ pub fn bench_search(
         .map(|p| json!({"part": p.part, "action": p.action, "seconds": p.seconds, "docs_per_s": docs / p.seconds.max(1e-9)}))
         .collect();
 
+    let serve_reset = reset_peak_rss();
+    let embedder_report = bench_embedder(&index, &texts, args.embed_docs)?;
+
     // Recall of the HNSW graph against exact search, on the query embeddings.
-    let emb = Embeddings::load(&search.index_dir.join("embeddings").join(EMBEDDINGS_FILE))?;
+    let emb = index.vector().embeddings().clone();
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let qvecs = index.vector().embedder().embed(&refs)?;
     let t = Instant::now();
@@ -217,21 +322,92 @@ pub fn bench_search(
         .find(|r| r["configured"] == json!(true))
         .map(|r| r["recall_at_k"].clone());
 
+    // Ranking alone, one query at a time, analysis included (what bm25s' retrieve times).
+    let t = Instant::now();
+    let mut lat = Vec::with_capacity(texts.len() * args.rounds);
+    for _ in 0..args.rounds {
+        for q in &texts {
+            let t = Instant::now();
+            index.bm25().search_ords(q, args.k)?;
+            lat.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    let bm25_rank = latency_stats(lat, t.elapsed().as_secs_f64());
+
+    // Vector tool: unbatched first (each search embeds its own query), then through the batcher.
+    let configured = QueryBatching {
+        max_batch: search.vector.query_batch,
+        max_wait: std::time::Duration::from_micros(search.vector.query_batch_wait_us),
+    };
+    index.vector_mut().set_query_batching(QueryBatching {
+        max_batch: 1,
+        ..configured
+    });
+    let vector_single = single_thread(index.vector(), &texts, args.k, args.rounds)?;
+    let unbatched_hits: Vec<Vec<String>> = texts
+        .iter()
+        .map(|q| ids(index.vector(), q, args.k))
+        .collect::<Result<_>>()?;
     let index = Arc::new(index);
     let texts = Arc::new(texts);
-    let mut tools = serde_json::Map::new();
-    for name in ["bm25", "vector"] {
-        let Some(tool) = index.retriever(name) else {
-            continue;
-        };
-        tools.insert(
-            name.into(),
-            json!({
-                "single_thread": single_thread(tool, &texts, args.k, args.rounds)?,
-                "concurrent": concurrent(&index, name, &texts, args.k, args.rounds, args.concurrency)?,
-            }),
-        );
+    let vector_unbatched = concurrent(
+        &index,
+        "vector",
+        &texts,
+        args.k,
+        args.rounds,
+        args.concurrency,
+    )?;
+    let mut index = Arc::try_unwrap(index)
+        .map_err(|_| EvalError::Invalid("search index still shared after the run".into()))?;
+    index.vector_mut().set_query_batching(configured);
+    let index = Arc::new(index);
+    let vector_batched = concurrent(
+        &index,
+        "vector",
+        &texts,
+        args.k,
+        args.rounds,
+        args.concurrency,
+    )?;
+    let stats = index.vector().batch_stats();
+    let same = same_hits_concurrently(&index, &texts, &unbatched_hits, args.k, args.concurrency)?;
+    let bm25 = index.bm25();
+    let tools = json!({
+        "bm25": {
+            "single_thread": single_thread(bm25, &texts, args.k, args.rounds)?,
+            "ranking_single_thread": bm25_rank,
+            "concurrent": concurrent(&index, "bm25", &texts, args.k, args.rounds, args.concurrency)?,
+        },
+        "vector": {
+            "single_thread": vector_single,
+            "concurrent_unbatched": vector_unbatched,
+            "concurrent": vector_batched,
+            "query_batch": search.vector.query_batch,
+            "query_batch_wait_us": search.vector.query_batch_wait_us,
+            "mean_batch": stats.map(|s| s.texts as f64 / s.batches.max(1) as f64),
+            "batched_hits_equal_unbatched": same,
+        },
+    });
+    let after_serve = rss_mb();
+    // Quality next to speed: nDCG@10 of both tools on the judged queries, when configured.
+    let mut quality = serde_json::Map::new();
+    if let Some(e) = &search.eval {
+        let r = mtrl_search::tool_eval::evaluate_tools("bench", &index, &e.queries, &e.qrels)?;
+        for t in r.tools {
+            quality.insert(
+                format!("{}_ndcg_at_10", t.tool),
+                json!(t.summary.mean.ndcg_at_10),
+            );
+        }
     }
+    let rss = json!({
+        "method": if peak_reset && serve_reset { "VmHWM after /proc/self/clear_refs 5" } else { "VmHWM (peak since process start)" },
+        "before_build_mb": before_build.map(|r| r.1),
+        "index_peak_mb": after_build.map(|r| r.0),
+        "after_build_mb": after_build.map(|r| r.1),
+        "serve_peak_mb": after_serve.map(|r| r.0),
+    });
     let report = json!({
         "bench": "search",
         "config": cfg.source,
@@ -244,7 +420,16 @@ pub fn bench_search(
         "hnsw": {"m": search.vector.m, "ef_construction": search.vector.ef_construction,
                  "ef_search": search.vector.ef_search, "recall_at_k": configured_recall,
                  "exact_qps": exact_qps, "sweep": recall},
+        "embedder_bench": embedder_report,
         "tools": tools,
+        "rss": rss,
     });
-    Ok(report)
+    let mut report = report;
+    if let Some(o) = report.as_object_mut() {
+        o.extend(quality);
+    }
+    match &args.peer {
+        Some(p) => crate::bench_search_peer::with_peer(report, p),
+        None => Ok(report),
+    }
 }

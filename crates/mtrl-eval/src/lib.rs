@@ -19,6 +19,7 @@
 //! `metrics.jsonl` and evaluation reports as a PNG with an embedded font (`mtrl plot`).
 
 pub mod bench_search;
+pub mod bench_search_peer;
 pub mod bootstrap;
 pub mod error;
 pub mod inspect;

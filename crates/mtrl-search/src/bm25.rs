@@ -1,29 +1,35 @@
 //! BM25 tool: a persistent tantivy index with English analysis.
 //!
 //! Analysis (index and query alike): tantivy's simple tokenizer (splits on non-alphanumerics),
-//! tokens longer than 40 bytes dropped, lowercasing, optional stop-word removal, optional Porter
+//! one-character tokens dropped (`bm25/short.rs`), tokens of 40 bytes or more dropped, lowercasing, optional stop-word removal, optional Porter
 //! stemming. Queries are *not* parsed with tantivy's query language: the text is run through the
 //! same analyzer and every resulting term becomes a `SHOULD` clause, so quotes, colons, brackets,
 //! `AND`/`OR`, emoji or an empty string are searched as plain terms and can never fail to parse.
-//! Scoring is tantivy's BM25 (k1 = 1.2, b = 0.75) over one field holding title and text.
+//! Ranking is BM25 (`[search.bm25] k1`, `b`; 1.2 and 0.75 by default) over one field holding
+//! title and text, computed from the index's postings with exact document lengths
+//! (`bm25/scorer.rs`: why it does not go through tantivy's query scorers).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use mtrl_core::config::{Bm25Config, StopWords};
-use tantivy::collector::TopDocs;
-use tantivy::query::{BooleanQuery, Occur, Query, TermQuery};
 use tantivy::schema::{
     Field, IndexRecordOption, NumericOptions, Schema, TextFieldIndexing, TextOptions,
 };
 use tantivy::tokenizer::{
     Language, LowerCaser, RemoveLongFilter, SimpleTokenizer, Stemmer, StopWordFilter, TextAnalyzer,
 };
-use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, TantivyDocument, Term};
+use tantivy::{Index, IndexWriter, ReloadPolicy, TantivyDocument};
 
 use crate::corpus::Corpus;
 use crate::error::{Result, SearchError};
 use crate::{Hit, Retriever};
+
+mod scorer;
+mod short;
+
+use scorer::Scorer;
+use short::RemoveShortFilter;
 
 const ANALYZER: &str = "mtrl_en";
 const BODY: &str = "body";
@@ -31,6 +37,7 @@ const ORD: &str = "ord";
 
 fn analyzer(cfg: &Bm25Config) -> TextAnalyzer {
     let base = TextAnalyzer::builder(SimpleTokenizer::default())
+        .filter(RemoveShortFilter)
         .filter(RemoveLongFilter::limit(40))
         .filter(LowerCaser)
         .dynamic();
@@ -63,11 +70,9 @@ fn schema() -> (Schema, Field, Field) {
 
 /// A BM25 index over a corpus, searchable from many threads at once.
 pub struct Bm25Index {
-    path: PathBuf,
     corpus: Arc<Corpus>,
-    reader: IndexReader,
+    scorer: Scorer,
     analyzer: TextAnalyzer,
-    body: Field,
     snippet_chars: usize,
 }
 
@@ -126,25 +131,34 @@ impl Bm25Index {
             .reload_policy(ReloadPolicy::Manual)
             .try_into()
             .map_err(tantivy_err)?;
-        let idx = Bm25Index {
-            path: dir.to_path_buf(),
-            corpus,
-            reader,
-            analyzer,
-            body,
-            snippet_chars,
-        };
-        let n = idx.reader.searcher().num_docs();
-        if n != idx.corpus.len() as u64 {
+        let searcher = reader.searcher();
+        let n = searcher.num_docs();
+        if n != corpus.len() as u64 {
             return Err(SearchError::Corrupt {
                 path: dir.to_path_buf(),
-                message: format!(
-                    "holds {n} documents but the corpus has {}",
-                    idx.corpus.len()
-                ),
+                message: format!("holds {n} documents but the corpus has {}", corpus.len()),
             });
         }
-        Ok(idx)
+        let mut ords = Vec::with_capacity(searcher.segment_readers().len());
+        for seg in searcher.segment_readers() {
+            let column = seg.fast_fields().u64(ORD).map_err(tantivy_err)?;
+            let mut o = Vec::with_capacity(seg.max_doc() as usize);
+            for doc in 0..seg.max_doc() {
+                let ord = column.first(doc).ok_or_else(|| SearchError::Corrupt {
+                    path: dir.to_path_buf(),
+                    message: format!("a document has no `{ORD}` value"),
+                })?;
+                o.push(u32::try_from(ord).unwrap_or(u32::MAX));
+            }
+            ords.push(o);
+        }
+        let scorer = Scorer::load(dir, &searcher, body, &ords, corpus.len(), cfg.k1, cfg.b)?;
+        Ok(Bm25Index {
+            corpus,
+            scorer,
+            analyzer,
+            snippet_chars,
+        })
     }
 
     /// The analysed terms of `text` (what the index would store), in order, repeats kept.
@@ -158,54 +172,21 @@ impl Bm25Index {
         out
     }
 
-    /// `(ord, score)` of the best `k` documents.
+    /// `(ord, score)` of the best `k` documents, best first (ties by ord).
     pub fn search_ords(&self, query: &str, k: usize) -> Result<Vec<(usize, f32)>> {
-        let terms = self.analyze(query);
-        if k == 0 || terms.is_empty() {
+        if k == 0 {
             return Ok(Vec::new());
         }
-        let clauses: Vec<(Occur, Box<dyn Query>)> = terms
-            .iter()
-            .map(|t| {
-                let q: Box<dyn Query> = Box::new(TermQuery::new(
-                    Term::from_field_text(self.body, t),
-                    IndexRecordOption::WithFreqs,
-                ));
-                (Occur::Should, q)
-            })
-            .collect();
-        let query = BooleanQuery::new(clauses);
-        let searcher = self.reader.searcher();
-        let err = |source| SearchError::Tantivy {
-            path: self.path.clone(),
-            source,
-        };
-        let k = k.min(self.corpus.len()).max(1);
-        let top = searcher
-            .search(&query, &TopDocs::with_limit(k).order_by_score())
-            .map_err(err)?;
-        let mut out = Vec::with_capacity(top.len());
-        for (score, addr) in top {
-            let column = searcher
-                .segment_reader(addr.segment_ord)
-                .fast_fields()
-                .u64(ORD)
-                .map_err(err)?;
-            let ord = column
-                .first(addr.doc_id)
-                .ok_or_else(|| SearchError::Corrupt {
-                    path: self.path.clone(),
-                    message: format!("document {addr:?} has no `{ORD}` value"),
-                })? as usize;
-            if ord >= self.corpus.len() {
-                return Err(SearchError::Corrupt {
-                    path: self.path.clone(),
-                    message: format!("document ordinal {ord} is outside the corpus"),
-                });
-            }
-            out.push((ord, score));
-        }
-        Ok(out)
+        // A term repeated in the query counts once (measured: +0.010 nDCG@10 on MuSiQue-100).
+        let mut terms = self.analyze(query);
+        let mut seen = std::collections::HashSet::new();
+        terms.retain(|t| seen.insert(t.clone()));
+        Ok(self.scorer.top_k(&terms, k))
+    }
+
+    /// Postings held in memory for ranking (8 bytes each).
+    pub fn postings(&self) -> usize {
+        self.scorer.postings()
     }
 }
 
@@ -270,6 +251,8 @@ mod tests {
         Bm25Config {
             stopwords: StopWords::English,
             stemming: true,
+            k1: 1.2,
+            b: 0.75,
         }
     }
 
@@ -318,6 +301,7 @@ mod tests {
         let cfg = Bm25Config {
             stopwords: StopWords::None,
             stemming: false,
+            ..default_cfg()
         };
         let (_d, idx) = index(&cfg);
         assert_eq!(idx.analyze("The Wings"), vec!["the", "wings"]);
@@ -325,10 +309,39 @@ mod tests {
         assert_eq!(idx.analyze("The Wings"), vec!["wing"]);
         let cfg = Bm25Config {
             stopwords: StopWords::Custom(vec!["wings".into()]),
-            stemming: true,
+            ..default_cfg()
         };
         let (_d, idx) = index(&cfg);
         assert_eq!(idx.analyze("The Wings"), vec!["the"]);
+    }
+
+    #[test]
+    fn k1_and_b_act_and_repeats_and_single_letters_do_not_count() {
+        let (_d, idx) = index(&default_cfg());
+        assert_eq!(idx.analyze("a B 7 wing's"), vec!["wing"]);
+        let once = idx.search_ords("boundary layer", 3).unwrap();
+        assert_eq!(idx.search_ords("boundary boundary layer", 3).unwrap(), once);
+        let dir = tempfile::tempdir().unwrap();
+        let c = corpus();
+        Bm25Index::build(dir.path(), &c, &default_cfg(), &mut |_| {}).unwrap();
+        let score = |k1: f32, b: f32| {
+            let cfg = Bm25Config {
+                k1,
+                b,
+                ..default_cfg()
+            };
+            let idx = Bm25Index::open(dir.path(), c.clone(), &cfg, 50).unwrap();
+            idx.search_ords("boundary layer transfer", 3).unwrap()
+        };
+        let base = score(1.2, 0.75);
+        assert_eq!(base.len(), 2);
+        assert_ne!(score(2.0, 0.75)[0].1, base[0].1, "k1 changes scores");
+        assert_ne!(score(1.2, 0.0)[0].1, base[0].1, "b changes scores");
+        // b = 0: no length normalisation, so the score is idf·tf·(k1+1)/(tf+k1) exactly.
+        let flat = score(1.2, 0.0);
+        let idf = |df: f64| (1.0 + (3.0 - df + 0.5) / (df + 0.5)).ln();
+        let want = (idf(2.0) * 2.0 + idf(1.0)) * 2.2 / 2.2;
+        assert!((flat[0].1 as f64 - want).abs() < 1e-5, "{flat:?} vs {want}");
     }
 
     #[test]

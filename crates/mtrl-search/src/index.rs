@@ -22,7 +22,7 @@ use crate::bm25::Bm25Index;
 use crate::corpus::{Corpus, IngestReport};
 use crate::embed::{self, hex, Embedder};
 use crate::error::{Result, SearchError};
-use crate::vector::{self, Embeddings, VectorIndex, EMBEDDINGS_FILE, HNSW_FILES};
+use crate::vector::{self, Embeddings, QueryBatching, VectorIndex, EMBEDDINGS_FILE, GRAPH_FILE};
 use crate::Retriever;
 
 /// Version of the index folder layout and manifest.
@@ -168,7 +168,11 @@ impl SearchIndex {
         manifest.docs = corpus.len();
 
         // BM25.
-        let bm25_key = format!("{corpus_key};bm25={:?};tantivy=0.27", cfg.bm25);
+        // k1 and b apply when the index is opened, so they are not part of the key.
+        let bm25_key = format!(
+            "{corpus_key};bm25=stopwords:{:?},stemming:{},min_len=2;tantivy=0.27",
+            cfg.bm25.stopwords, cfg.bm25.stemming
+        );
         let bm25_dir = dir.join("bm25");
         let t = Instant::now();
         let reuse = check_part(&manifest, "bm25", &bm25_key, &bm25_dir);
@@ -228,7 +232,7 @@ impl SearchIndex {
 
         // HNSW graph.
         let mut graph_key = format!(
-            "{emb_key};m={};ef_construction={};hnsw_rs=0.3",
+            "{emb_key};m={};ef_construction={};hnsw=mtrl1",
             cfg.vector.m, cfg.vector.ef_construction
         );
         if !cfg.vector.parallel_build {
@@ -236,18 +240,19 @@ impl SearchIndex {
         }
         let graph_dir = dir.join("graph");
         let t = Instant::now();
-        let open_graph = || {
+        let open_graph = |embeddings: Embeddings| {
             VectorIndex::open(
                 &graph_dir,
                 corpus.clone(),
                 embedder.clone(),
+                embeddings,
                 cfg.vector.ef_search,
                 cfg.snippet_chars,
             )
         };
-        let vector = match check_part(&manifest, "graph", &graph_key, &graph_dir)
-            .and_then(|()| open_graph().map_err(|e| e.to_string()))
-        {
+        let reuse = check_part(&manifest, "graph", &graph_key, &graph_dir)
+            .and_then(|()| open_graph(embeddings.clone()).map_err(|e| e.to_string()));
+        let mut vector = match reuse {
             Ok(v) => {
                 reports.push(part_report("graph", None, t));
                 v
@@ -266,9 +271,13 @@ impl SearchIndex {
                 progress.finish();
                 record(dir, &mut manifest, "graph", graph_key, files)?;
                 reports.push(part_report("graph", Some(reason), t));
-                open_graph()?
+                open_graph(embeddings)?
             }
         };
+        vector.set_query_batching(QueryBatching {
+            max_batch: cfg.vector.query_batch,
+            max_wait: std::time::Duration::from_micros(cfg.vector.query_batch_wait_us),
+        });
         let report = BuildReport {
             corpus: cfg.corpus.clone(),
             docs: corpus.len(),
@@ -350,15 +359,11 @@ fn build_part(
             files.insert(name, sha256_file(&path)?);
         }
     }
-    if part == "graph" {
-        for f in HNSW_FILES {
-            if !files.contains_key(f) {
-                return Err(SearchError::VectorIndex {
-                    path: tmp.clone(),
-                    message: format!("hnsw_rs did not write {f}"),
-                });
-            }
-        }
+    if part == "graph" && !files.contains_key(GRAPH_FILE) {
+        return Err(SearchError::VectorIndex {
+            path: tmp.clone(),
+            message: format!("the graph build did not write {GRAPH_FILE}"),
+        });
     }
     if dest.exists() {
         std::fs::remove_dir_all(&dest).map_err(SearchError::io("remove", &dest))?;

@@ -92,7 +92,7 @@ fn damaged_graph_is_detected_and_rebuilt() {
     let corpus = write_corpus(dir.path(), 40);
     let cfg = config(dir.path(), &corpus, "");
     SearchIndex::open_or_build(cfg.search().unwrap(), &mut NoProgress).unwrap();
-    let graph = dir.path().join("index/graph/hnsw.hnsw.graph");
+    let graph = dir.path().join("index/graph/hnsw.graph");
     let mut bytes = std::fs::read(&graph).unwrap();
     bytes.truncate(bytes.len() / 2);
     std::fs::write(&graph, bytes).unwrap();

@@ -55,6 +55,8 @@ pub enum StopWordsSpec {
 pub struct Bm25Spec {
     pub stopwords: Option<StopWordsSpec>,
     pub stemming: Option<bool>,
+    pub k1: Option<f64>,
+    pub b: Option<f64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -67,6 +69,8 @@ pub struct VectorSpec {
     pub hash_dim: Option<usize>,
     pub max_seq_len: Option<usize>,
     pub batch_size: Option<usize>,
+    pub query_batch: Option<usize>,
+    pub query_batch_wait_us: Option<usize>,
     pub device: Option<String>,
 }
 
@@ -103,10 +107,14 @@ pub enum StopWords {
     Custom(Vec<String>),
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Bm25Config {
     pub stopwords: StopWords,
     pub stemming: bool,
+    /// Term-frequency saturation (applied when the index is opened: no rebuild).
+    pub k1: f32,
+    /// Document-length normalisation, 0..=1 (applied when the index is opened).
+    pub b: f32,
 }
 
 /// The embedder behind vector search.
@@ -131,6 +139,10 @@ pub struct VectorConfig {
     pub max_seq_len: usize,
     /// Texts per embedder forward pass while indexing.
     pub batch_size: usize,
+    /// Most queries of concurrent `vector_search` calls embedded in one pass (1: each on its own).
+    pub query_batch: usize,
+    /// Longest a query batch is held open for searches in progress to join it, in microseconds.
+    pub query_batch_wait_us: u64,
     /// Device string for the neural embedder: "cpu", "cuda", "cuda:N".
     pub device: String,
 }
@@ -154,6 +166,14 @@ pub struct SearchConfig {
     pub bm25: Bm25Config,
     pub vector: VectorConfig,
     pub eval: Option<RetrievalEvalConfig>,
+}
+
+/// A float setting inside `lo..=hi`.
+fn unit_range(ctx: &Ctx<'_>, key: &str, v: f64, lo: f64, hi: f64) -> Result<f32> {
+    if !(lo..=hi).contains(&v) {
+        return Err(ctx.invalid(key, format!("{v} is outside {lo}..={hi}")));
+    }
+    Ok(v as f32)
 }
 
 impl SearchSpec {
@@ -203,6 +223,18 @@ impl SearchSpec {
                 1,
                 4096,
             )?,
+            query_batch: ctx.range(
+                "search.vector.query_batch",
+                v.query_batch.unwrap_or(64),
+                1,
+                4096,
+            )?,
+            query_batch_wait_us: ctx.range(
+                "search.vector.query_batch_wait_us",
+                v.query_batch_wait_us.unwrap_or(2000),
+                0,
+                1_000_000,
+            )? as u64,
             device,
         };
         let columns = match self.columns {
@@ -223,8 +255,12 @@ impl SearchSpec {
             None => Bm25Config {
                 stopwords: StopWords::English,
                 stemming: true,
+                k1: 1.2,
+                b: 0.75,
             },
             Some(b) => Bm25Config {
+                k1: unit_range(ctx, "search.bm25.k1", b.k1.unwrap_or(1.2), 0.0, 10.0)?,
+                b: unit_range(ctx, "search.bm25.b", b.b.unwrap_or(0.75), 0.0, 1.0)?,
                 stopwords: match b.stopwords {
                     None => StopWords::English,
                     Some(StopWordsSpec::Named(n)) => match n.as_str() {

@@ -10,13 +10,15 @@
 
 use std::path::{Path, PathBuf};
 
-use candle_core::{DType, Device, Module, Tensor};
-use candle_nn::{embedding, layer_norm, linear, Embedding, LayerNorm, Linear, VarBuilder};
+use candle_core::{DType, Device};
+use candle_nn::VarBuilder;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tokenizers::{Tokenizer, TruncationParams};
 
-use super::{hex, normalize, Embedder};
+use super::bert_candle::Bert;
+use super::bert_cpu::CpuBert;
+use super::{hex, Embedder};
 use crate::error::{Result, SearchError};
 
 /// The subset of a BERT `config.json` this implementation reads.
@@ -48,104 +50,26 @@ fn default_eps() -> f64 {
     1e-12
 }
 
-struct Layer {
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    attn_out: Linear,
-    attn_norm: LayerNorm,
-    inter: Linear,
-    out: Linear,
-    out_norm: LayerNorm,
+/// Which implementation runs the encoder.
+enum Model {
+    /// The hand-written f32 kernels (`bert_cpu.rs`): every CPU embedder.
+    Cpu(CpuBert),
+    /// candle ops on `device` (CUDA; on the CPU only in tests, as the reference).
+    Candle { model: Bert, device: Device },
 }
 
-struct Bert {
-    word: Embedding,
-    pos: Embedding,
-    token_type: Embedding,
-    emb_norm: LayerNorm,
-    layers: Vec<Layer>,
-    heads: usize,
-    head_dim: usize,
-}
-
-impl Bert {
-    fn new(cfg: &BertConfig, vb: VarBuilder) -> candle_core::Result<Bert> {
-        let h = cfg.hidden_size;
-        let e = vb.pp("embeddings");
-        let word = embedding(cfg.vocab_size, h, e.pp("word_embeddings"))?;
-        let pos = embedding(cfg.max_position_embeddings, h, e.pp("position_embeddings"))?;
-        let token_type = embedding(cfg.type_vocab_size, h, e.pp("token_type_embeddings"))?;
-        let emb_norm = layer_norm(h, cfg.layer_norm_eps, e.pp("LayerNorm"))?;
-        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
-        for i in 0..cfg.num_hidden_layers {
-            let l = vb.pp("encoder.layer").pp(i);
-            let a = l.pp("attention");
-            layers.push(Layer {
-                q: linear(h, h, a.pp("self.query"))?,
-                k: linear(h, h, a.pp("self.key"))?,
-                v: linear(h, h, a.pp("self.value"))?,
-                attn_out: linear(h, h, a.pp("output.dense"))?,
-                attn_norm: layer_norm(h, cfg.layer_norm_eps, a.pp("output.LayerNorm"))?,
-                inter: linear(h, cfg.intermediate_size, l.pp("intermediate.dense"))?,
-                out: linear(cfg.intermediate_size, h, l.pp("output.dense"))?,
-                out_norm: layer_norm(h, cfg.layer_norm_eps, l.pp("output.LayerNorm"))?,
-            });
-        }
-        Ok(Bert {
-            word,
-            pos,
-            token_type,
-            emb_norm,
-            layers,
-            heads: cfg.num_attention_heads,
-            head_dim: h / cfg.num_attention_heads,
-        })
-    }
-
-    /// Last hidden state `[B, T, H]` for ids `[B, T]` with mask `[B, T]` (1 = token, 0 = pad).
-    fn forward(&self, ids: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
-        let (b, t) = ids.dims2()?;
-        let positions = Tensor::arange(0u32, t as u32, ids.device())?.unsqueeze(0)?;
-        let types = ids.zeros_like()?;
-        let x = self
-            .word
-            .forward(ids)?
-            .broadcast_add(&self.pos.forward(&positions)?)?
-            .add(&self.token_type.forward(&types)?)?;
-        let mut x = self.emb_norm.forward(&x)?;
-        // Additive mask: 0 on tokens, -1e4 on padding (large enough to zero after softmax).
-        let bias = ((mask.to_dtype(DType::F32)? - 1.0)? * 1e4)?.reshape((b, 1, 1, t))?;
-        let scale = 1.0 / (self.head_dim as f64).sqrt();
-        for l in &self.layers {
-            let split = |y: Tensor| -> candle_core::Result<Tensor> {
-                y.reshape((b, t, self.heads, self.head_dim))?
-                    .transpose(1, 2)?
-                    .contiguous()
-            };
-            let q = split(l.q.forward(&x)?)?;
-            let k = split(l.k.forward(&x)?)?;
-            let v = split(l.v.forward(&x)?)?;
-            let scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?.broadcast_add(&bias)?;
-            let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-            let ctx =
-                probs
-                    .matmul(&v)?
-                    .transpose(1, 2)?
-                    .reshape((b, t, self.heads * self.head_dim))?;
-            x = l.attn_norm.forward(&(l.attn_out.forward(&ctx)? + &x)?)?;
-            let ff = l.out.forward(&l.inter.forward(&x)?.gelu_erf()?)?;
-            x = l.out_norm.forward(&(ff + &x)?)?;
-        }
-        Ok(x)
-    }
+/// Which path [`BertEmbedder::open`] builds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kernels {
+    Auto,
+    #[cfg_attr(not(test), allow(dead_code))]
+    Candle,
 }
 
 /// A loaded sentence embedder.
 pub struct BertEmbedder {
-    model: Bert,
+    model: Model,
     tokenizer: Tokenizer,
-    device: Device,
     dim: usize,
     max_seq_len: usize,
     batch_size: usize,
@@ -153,12 +77,23 @@ pub struct BertEmbedder {
 }
 
 impl BertEmbedder {
-    /// Loads `dir` (a sentence-transformers folder) onto `device`.
+    /// Loads `dir` (a sentence-transformers folder) onto `device`: on the CPU the encoder runs on
+    /// the hand-written kernels, elsewhere on candle's ops.
     pub fn load(
         dir: &Path,
         device: &Device,
         max_seq_len: usize,
         batch_size: usize,
+    ) -> Result<BertEmbedder> {
+        Self::open(dir, device, max_seq_len, batch_size, Kernels::Auto)
+    }
+
+    fn open(
+        dir: &Path,
+        device: &Device,
+        max_seq_len: usize,
+        batch_size: usize,
+        path: Kernels,
     ) -> Result<BertEmbedder> {
         let file = |name: &str| -> Result<PathBuf> {
             let p = dir.join(name);
@@ -219,9 +154,16 @@ impl BertEmbedder {
         } else {
             ""
         };
-        let vb = VarBuilder::from_tensors(tensors, DType::F32, device);
-        let vb = if prefix.is_empty() { vb } else { vb.pp(prefix) };
-        let model = Bert::new(&cfg, vb).map_err(|e| err(&weights, e.to_string()))?;
+        let model = if device.is_cpu() && path == Kernels::Auto {
+            Model::Cpu(CpuBert::new(&cfg, &tensors, prefix).map_err(|e| err(&weights, e))?)
+        } else {
+            let vb = VarBuilder::from_tensors(tensors, DType::F32, device);
+            let vb = if prefix.is_empty() { vb } else { vb.pp(prefix) };
+            Model::Candle {
+                model: Bert::new(&cfg, vb).map_err(|e| err(&weights, e.to_string()))?,
+                device: device.clone(),
+            }
+        };
 
         let tok_path = file("tokenizer.json")?;
         let mut tokenizer =
@@ -247,35 +189,11 @@ impl BertEmbedder {
         Ok(BertEmbedder {
             model,
             tokenizer,
-            device: device.clone(),
             dim: cfg.hidden_size,
             max_seq_len,
             batch_size: batch_size.max(1),
             id: format!("bert:{digest}:{max_seq_len}"),
         })
-    }
-
-    fn embed_batch(&self, ids: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
-        let t = ids.iter().map(Vec::len).max().unwrap_or(1).max(1);
-        let b = ids.len();
-        let mut flat = vec![0u32; b * t];
-        let mut mask = vec![0f32; b * t];
-        for (i, row) in ids.iter().enumerate() {
-            flat[i * t..i * t + row.len()].copy_from_slice(row);
-            mask[i * t..i * t + row.len()]
-                .iter_mut()
-                .for_each(|m| *m = 1.0);
-        }
-        let ids_t = Tensor::from_vec(flat, (b, t), &self.device)?;
-        let mask_t = Tensor::from_vec(mask, (b, t), &self.device)?;
-        let hidden = self.model.forward(&ids_t, &mask_t)?;
-        let m = mask_t.unsqueeze(2)?;
-        let summed = hidden.broadcast_mul(&m)?.sum(1)?;
-        let counts = m.sum(1)?.clamp(1.0, f64::MAX)?;
-        let pooled = summed.broadcast_div(&counts)?;
-        let mut out: Vec<Vec<f32>> = pooled.to_dtype(DType::F32)?.to_vec2()?;
-        out.iter_mut().for_each(|v| normalize(v));
-        Ok(out)
     }
 }
 
@@ -301,11 +219,69 @@ impl Embedder for BertEmbedder {
         order.sort_by_key(|&i| ids[i].len());
         let mut out = vec![Vec::new(); ids.len()];
         for chunk in order.chunks(self.batch_size) {
-            let batch: Vec<Vec<u32>> = chunk.iter().map(|&i| ids[i].clone()).collect();
-            for (&i, v) in chunk.iter().zip(self.embed_batch(&batch)?) {
+            let vectors = match &self.model {
+                Model::Cpu(m) => {
+                    let batch: Vec<&[u32]> = chunk.iter().map(|&i| ids[i].as_slice()).collect();
+                    m.embed(&batch)
+                }
+                Model::Candle { model, device } => {
+                    let batch: Vec<Vec<u32>> = chunk.iter().map(|&i| ids[i].clone()).collect();
+                    model.embed(&batch, device)?
+                }
+            };
+            for (&i, v) in chunk.iter().zip(vectors) {
                 out[i] = v;
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The real all-MiniLM-L6-v2 (scripts/fetch-embedder.sh, run by scripts/test.sh).
+    fn minilm() -> PathBuf {
+        let dir = PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../models/all-minilm-l6-v2"
+        ));
+        assert!(
+            dir.join("model.safetensors").is_file(),
+            "{} has no weights: run scripts/fetch-embedder.sh",
+            dir.display()
+        );
+        dir
+    }
+
+    #[test]
+    fn cpu_kernels_match_the_candle_path() {
+        let dir = minilm();
+        let cpu = BertEmbedder::open(&dir, &Device::Cpu, 256, 8, Kernels::Auto).unwrap();
+        let reference = BertEmbedder::open(&dir, &Device::Cpu, 256, 8, Kernels::Candle).unwrap();
+        assert!(matches!(cpu.model, Model::Cpu(_)));
+        assert!(matches!(reference.model, Model::Candle { .. }));
+        let long = "supersonic wing flutter and boundary layer heat transfer ".repeat(40);
+        let texts = [
+            "A man is eating food.",
+            "",
+            "x",
+            "🚀 emoji and \"quotes\" (brackets) AND OR",
+            long.as_str(),
+            "The new movie is awesome.",
+        ];
+        let (a, b) = (cpu.embed(&texts).unwrap(), reference.embed(&texts).unwrap());
+        for ((t, x), y) in texts.iter().zip(&a).zip(&b) {
+            let diff = x
+                .iter()
+                .zip(y)
+                .map(|(p, q)| (p - q).abs())
+                .fold(0f32, f32::max);
+            assert!(diff < 2e-5, "{t:?}: max difference {diff}");
+        }
+        // A text's vector does not depend on the other texts of its call (packing, chunking).
+        let single = cpu.embed(&[texts[4]]).unwrap().pop().unwrap();
+        assert_eq!(single, a[4]);
     }
 }

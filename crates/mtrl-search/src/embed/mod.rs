@@ -4,9 +4,13 @@
 //! Every embedder returns L2-normalised vectors, so cosine similarity is a dot product, and has an
 //! [`Embedder::id`] that changes whenever its output could change; the index cache keys on it.
 
+mod batcher;
 mod bert;
+mod bert_candle;
+mod bert_cpu;
 mod hash;
 
+pub use batcher::{BatchStats, InSearch, QueryBatcher};
 pub use bert::{BertConfig, BertEmbedder};
 pub use hash::HashEmbedder;
 
