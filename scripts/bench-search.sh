@@ -18,7 +18,9 @@ case "$coll" in
   musique) data=data/musique-hipporag100; cfg=configs/musique.toml ;;
   *) echo "unknown collection $coll (vaswani, cranfield, musique)" >&2; exit 2 ;;
 esac
-docs=$(ls "$data"/docs.* "$data"/corpus.* 2>/dev/null | head -1)
+first() { for f in "$@"; do [ -e "$f" ] && { echo "$f"; return; }; done; echo "no $* " >&2; exit 1; }
+docs=$(first "$data"/docs.* "$data"/corpus.*)
+queries=$(first "$data"/queries.*)
 scripts/fetch-embedder.sh >/dev/null
 if [ ! -x .venv-peer/bin/python ]; then
   python3 -m venv .venv-peer
@@ -29,7 +31,7 @@ cargo build --release --bin mtrl
 mkdir -p runs/bench
 peer="runs/bench/search-$coll-peer.json"
 taskset -c "$cpus" .venv-peer/bin/python bench/search_peers.py --docs "$docs" \
-  --queries "$(ls "$data"/queries.* | head -1)" --qrels "$data/qrels.tsv" --model models/all-minilm-l6-v2 \
+  --queries "$queries" --qrels "$data/qrels.tsv" --model models/all-minilm-l6-v2 \
   --threads "$threads" --encode-docs 2000 --out "$peer" >/dev/null
 RAYON_NUM_THREADS="$threads" taskset -c "$cpus" target/release/mtrl bench search --config "$cfg" \
   --concurrency 64 --embed-docs 2000 --peer "$peer" > "runs/bench/search-$coll-mtrl.json"

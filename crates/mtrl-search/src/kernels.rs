@@ -3,7 +3,8 @@
 //! AVX2 + FMA code in its `*_avx2` entry point (picked at run time; the generic code runs
 //! elsewhere). The products of the dense layers are in `packed.rs`.
 //!
-//! `unsafe` here (and in `packed.rs`, the crate's only other `unsafe`): calls into
+//! `unsafe` here (and in `packed.rs` and the prefetch hint of `vector/hnsw.rs`, the crate's only
+//! other `unsafe`): calls into
 //! `#[target_feature(enable = "avx2,fma")]` functions after [`avx2`] confirmed the CPU has those
 //! features, and the intrinsics' loads inside slices whose lengths bound every index.
 //!

@@ -64,12 +64,17 @@ impl Embeddings {
             .iter()
             .map(|d| d.indexed_text())
             .collect();
-        for (i, chunk) in texts.chunks(batch.max(1)).enumerate() {
+        // The embedder forms its batches of `batch` texts from each call's texts sorted by
+        // length; calls of 16 batches give it texts of similar length to group.
+        let per_call = batch.max(1) * 16;
+        let mut done = 0;
+        for chunk in texts.chunks(per_call) {
             let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
             for v in embedder.embed(&refs)? {
                 data.extend_from_slice(&v);
             }
-            progress(((i * batch.max(1)) + chunk.len()) as u64);
+            done += chunk.len();
+            progress(done as u64);
         }
         Ok(Embeddings { dim, data })
     }

@@ -343,6 +343,37 @@ mod tests {
     }
 
     #[test]
+    fn bm25_weights_and_query_batching_are_read_and_checked() {
+        let base = "[search]\ncorpus='c'\nindex_dir='i'\n";
+        let s = load(base).unwrap().search().unwrap().clone();
+        assert_eq!((s.bm25.k1, s.bm25.b), (1.2, 0.75));
+        assert_eq!(
+            (s.vector.query_batch, s.vector.query_batch_wait_us),
+            (64, 2000)
+        );
+        let cfg = load(&format!(
+            "{base}[search.bm25]\nk1 = 2.0\nb = 0.3\n[search.vector]\nquery_batch = 1\nquery_batch_wait_us = 0\n"
+        ))
+        .unwrap();
+        let s = cfg.search().unwrap();
+        assert_eq!((s.bm25.k1, s.bm25.b), (2.0, 0.3));
+        assert_eq!((s.vector.query_batch, s.vector.query_batch_wait_us), (1, 0));
+        for (section, bad, key) in [
+            ("bm25", "b = 1.5", "search.bm25.b"),
+            ("bm25", "k1 = -1", "search.bm25.k1"),
+            ("vector", "query_batch = 0", "search.vector.query_batch"),
+            (
+                "vector",
+                "query_batch_wait_us = 5000000",
+                "search.vector.query_batch_wait_us",
+            ),
+        ] {
+            let err = load(&format!("{base}[search.{section}]\n{bad}\n")).unwrap_err();
+            assert!(err.to_string().contains(key), "{bad}: {err}");
+        }
+    }
+
+    #[test]
     fn mistyped_nested_key_is_named() {
         let err = load("[search]\ncorpus='c'\nindex_dir='i'\n[search.vector]\nef_serch = 3\n")
             .unwrap_err();

@@ -218,6 +218,25 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_waits_up_to_max_wait_for_searches_in_progress() {
+        let b = QueryBatcher::new(
+            Arc::new(HashEmbedder::new(8)),
+            16,
+            Duration::from_millis(300),
+        );
+        // Two searches in progress, only one queues: the batch is held open for the other until
+        // the wait runs out.
+        let (_a, _b) = (b.enter(), b.enter());
+        let t = Instant::now();
+        b.embed("first").unwrap();
+        assert!(
+            t.elapsed() >= Duration::from_millis(300),
+            "{:?}",
+            t.elapsed()
+        );
+    }
+
+    #[test]
     fn max_batch_one_embeds_one_at_a_time() {
         let b = QueryBatcher::new(Arc::new(HashEmbedder::new(8)), 1, Duration::from_millis(5));
         std::thread::scope(|s| {
