@@ -1,4 +1,4 @@
-//! Retrieval for mtrl's search agent: corpus ingest, a BM25 tool (tantivy), a vector tool (hnsw_rs
+//! Retrieval for mtrl's search agent: corpus ingest, a BM25 tool (tantivy), a vector tool (HNSW
 //! over sentence embeddings from a candle BERT or a hashing embedder), and IR metrics.
 //!
 //! The agent calls tools by name with free text written by a model, so the query path is built to
