@@ -274,7 +274,7 @@ pub fn bench_search(
     let embedder_report = bench_embedder(&index, &texts, args.embed_docs)?;
 
     // Recall of the HNSW graph against exact search, on the query embeddings.
-    let emb = index.vector().embeddings().clone();
+    let emb = index.vector().embeddings();
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let qvecs = index.vector().embedder().embed(&refs)?;
     let t = Instant::now();

@@ -111,7 +111,7 @@ fn main() {
         .expect("corpus"),
     );
     let mut idx =
-        mtrl_search::VectorIndex::open(dir.path(), corpus, Arc::new(e), emb.clone(), 64, 10)
+        mtrl_search::VectorIndex::open(dir.path(), corpus, Arc::new(e), Arc::new(emb), 64, 10)
             .expect("open");
     let cell = std::cell::RefCell::new(&mut idx);
     sweep(

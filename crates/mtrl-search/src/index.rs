@@ -240,7 +240,9 @@ impl SearchIndex {
         }
         let graph_dir = dir.join("graph");
         let t = Instant::now();
-        let open_graph = |embeddings: Embeddings| {
+        // Shared, not copied: the reuse attempt and a rebuild after it see the same matrix.
+        let embeddings = Arc::new(embeddings);
+        let open_graph = |embeddings: Arc<Embeddings>| {
             VectorIndex::open(
                 &graph_dir,
                 corpus.clone(),

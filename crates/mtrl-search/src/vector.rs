@@ -187,7 +187,7 @@ pub struct VectorIndex {
     corpus: Arc<Corpus>,
     embedder: Arc<dyn Embedder>,
     batcher: Option<QueryBatcher>,
-    embeddings: Embeddings,
+    embeddings: Arc<Embeddings>,
     graph: Graph,
     ef_search: usize,
     snippet_chars: usize,
@@ -199,7 +199,7 @@ impl VectorIndex {
         dir: &Path,
         corpus: Arc<Corpus>,
         embedder: Arc<dyn Embedder>,
-        embeddings: Embeddings,
+        embeddings: Arc<Embeddings>,
         ef_search: usize,
         snippet_chars: usize,
     ) -> Result<VectorIndex> {
@@ -357,7 +357,15 @@ mod tests {
         let e = Embeddings::compute(&c, emb.as_ref(), 16, &mut |_| {}).unwrap();
         assert_eq!(e.len(), 200);
         build_graph(dir.path(), &e, 16, 100, true).unwrap();
-        let idx = VectorIndex::open(dir.path(), c.clone(), emb.clone(), e.clone(), 64, 80).unwrap();
+        let idx = VectorIndex::open(
+            dir.path(),
+            c.clone(),
+            emb.clone(),
+            Arc::new(e.clone()),
+            64,
+            80,
+        )
+        .unwrap();
         // A document's own text finds itself first.
         let hits = idx.search(&c.get(37).unwrap().text, 5).unwrap();
         assert_eq!(hits[0].doc_id, "d37");
@@ -405,17 +413,24 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let emb: Arc<dyn Embedder> = Arc::new(HashEmbedder::new(16));
         let e = Embeddings::compute(&corpus(5), emb.as_ref(), 4, &mut |_| {}).unwrap();
-        let err = VectorIndex::open(dir.path(), corpus(5), emb.clone(), e.clone(), 10, 10)
-            .err()
-            .unwrap();
+        let err = VectorIndex::open(
+            dir.path(),
+            corpus(5),
+            emb.clone(),
+            Arc::new(e.clone()),
+            10,
+            10,
+        )
+        .err()
+        .unwrap();
         assert!(err.to_string().contains("cannot load graph"), "{err}");
         build_graph(dir.path(), &e, 8, 20, true).unwrap();
         let e6 = Embeddings::compute(&corpus(6), emb.as_ref(), 4, &mut |_| {}).unwrap();
-        let err = VectorIndex::open(dir.path(), corpus(6), emb.clone(), e6, 10, 10)
+        let err = VectorIndex::open(dir.path(), corpus(6), emb.clone(), Arc::new(e6), 10, 10)
             .err()
             .unwrap();
         assert!(err.to_string().contains("graph holds 5 points"), "{err}");
-        let err = VectorIndex::open(dir.path(), corpus(6), emb, e, 10, 10)
+        let err = VectorIndex::open(dir.path(), corpus(6), emb, Arc::new(e), 10, 10)
             .err()
             .unwrap();
         assert!(err.to_string().contains("5 embeddings"), "{err}");
