@@ -17,6 +17,9 @@ struct Cli {
 enum Command {
     /// Run the default job on the embedded demo config (what `mtrl` with no command does).
     Demo(cmd::demo::DemoArgs),
+    /// The default job's results over seeds and collections (mean ± sd, pooled bootstrap
+    /// intervals) from `mtrl demo --run-dir` folders.
+    DemoTable(cmd::demo::DemoTableArgs),
     /// Build (or reuse) the BM25 and vector indexes of the corpus named in the config.
     Index(cmd::index::IndexArgs),
     /// Query one of the search tools and print ranked hits.
@@ -77,6 +80,7 @@ fn main() {
     let result = match cli.command {
         None => cmd::demo::run(&cmd::demo::DemoArgs::default()),
         Some(Command::Demo(a)) => cmd::demo::run(&a),
+        Some(Command::DemoTable(a)) => cmd::demo::table(&a),
         Some(Command::Index(a)) => cmd::index::run(&a),
         Some(Command::Search(a)) => cmd::search::run(&a),
         Some(Command::SearchEval(a)) => cmd::search_eval::run(&a),

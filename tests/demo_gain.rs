@@ -1,14 +1,15 @@
-//! The default job's claim, checked at full length: with the embedded demo settings (only the
-//! paths moved into a temporary folder and pass@k sampling skipped), the RL-tuned policy beats its
-//! warm-start base on the held-out queries — higher nDCG@10 and fewer failed episodes. Several
-//! minutes on 2 cores; its own test binary, so it does not share the cores with another test of
-//! this file.
+//! The default job's claim, checked at full length on one seed: with the embedded demo settings
+//! (only the paths moved into a temporary folder, greedy evaluation only), the RL-tuned policy
+//! beats its warm-start base and the rejection-sampling control on the held-out test queries —
+//! higher nDCG@10 (the paired bootstrap interval against the base above zero) and no more failed
+//! episodes than the base. Several minutes on 2 cores; its own test binary, so it does not share
+//! the cores with another test of this file.
 
 mod common;
 use common::mtrl;
 
 #[test]
-fn tuned_policy_beats_its_base_on_held_out_queries() {
+fn tuned_policy_beats_its_base_and_the_rft_control_on_held_out_queries() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = common::demo_config(dir.path(), &[]);
     let (ok, out, err) = mtrl(&[
@@ -23,9 +24,14 @@ fn tuned_policy_beats_its_base_on_held_out_queries() {
     let path = dir.path().join("demo/rl/eval/eval.json");
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let runs = report["datasets"][0]["runs"].as_array().unwrap();
+    let d = &report["datasets"][0];
     let summary = |label: &str| {
-        let run = runs.iter().find(|r| r["label"] == label).unwrap();
+        let run = d["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["label"] == label)
+            .unwrap();
         let s = &run["summary"];
         (
             s["ndcg_at_10"].as_f64().unwrap(),
@@ -33,15 +39,18 @@ fn tuned_policy_beats_its_base_on_held_out_queries() {
         )
     };
     let (base_ndcg, base_fail) = summary("base");
+    let (rft_ndcg, _) = summary("rft");
     let (tuned_ndcg, tuned_fail) = summary("tuned");
     let table = format!("{out}\n{err}");
     assert!(tuned_ndcg > base_ndcg, "nDCG@10 did not improve:\n{table}");
-    assert!(tuned_fail < base_fail, "failures did not drop:\n{table}");
-    // The gain is not noise: the paired bootstrap interval of the difference excludes zero.
-    let cmp = &report["datasets"][0]["comparisons"][0];
-    assert_eq!(
-        (cmp["a"].as_str(), cmp["b"].as_str()),
-        (Some("tuned"), Some("base"))
-    );
+    assert!(tuned_ndcg > rft_ndcg, "RL did not beat RFT:\n{table}");
+    assert!(tuned_fail <= base_fail, "failures rose:\n{table}");
+    // The gain over the base is not noise: the paired bootstrap interval excludes zero.
+    let cmp = d["comparisons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["a"] == "tuned" && c["b"] == "base")
+        .unwrap();
     assert!(cmp["ndcg_at_10"]["low"].as_f64().unwrap() > 0.0, "{table}");
 }

@@ -15,7 +15,7 @@ fn default_job_runs_every_stage_and_writes_its_outputs() {
     let cfg = common::demo_config(
         d,
         &[
-            ("teacher_samples = 4", "teacher_samples = 2"),
+            ("teacher_samples = 8", "teacher_samples = 2"),
             ("epochs = 3", "epochs = 1"),
             ("group_size = 8", "group_size = 4"),
             ("global_batch_size = 8", "global_batch_size = 2"),
@@ -34,16 +34,23 @@ fn default_job_runs_every_stage_and_writes_its_outputs() {
         "--quiet",
     ]);
     assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
-    for stage in ["1/7", "3/7", "5/7", "6/7", "7/7"] {
+    for stage in ["1/8", "3/8", "5/8", "6/8", "7/8", "8/8"] {
         assert!(err.contains(stage), "stage {stage} missing:\n{err}");
     }
-    // The table: base, tuned, both scripted baselines and the paired difference.
+    // The table: base, the RFT control, tuned, every scripted baseline and the paired
+    // differences; then the strategy table.
     for row in [
         "| base |",
+        "| rft |",
         "| tuned |",
         "| bm25-once |",
         "| vector-once |",
+        "| hybrid-rrf |",
+        "| teacher-best |",
         "Δ tuned − base",
+        "Δ tuned − rft",
+        "Δ tuned − teacher-best",
+        "| data/test | tuned | greedy |",
     ] {
         assert!(out.contains(row), "no `{row}` row:\n{out}");
     }
@@ -58,6 +65,10 @@ fn default_job_runs_every_stage_and_writes_its_outputs() {
         "rl/eval/eval.md",
         "rl/eval/eval.json",
         "rl/eval/eval.csv",
+        "rl/eval/strategy.md",
+        "rl/eval/demo.json",
+        "rft/model.safetensors",
+        "rft/tokenizer.json",
     ] {
         assert!(d.join("demo").join(f).is_file(), "{f} was not written");
     }
@@ -80,15 +91,13 @@ fn default_job_runs_every_stage_and_writes_its_outputs() {
         serde_json::from_str(&std::fs::read_to_string(d.join("demo/rl/eval/eval.json")).unwrap())
             .unwrap();
     let runs = report["datasets"][0]["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 4);
-    // The teacher fails on purpose sometimes (it keeps searching past the turn budget), and uses
-    // the demo environment's argument shortcuts (no query, submit by rank).
+    assert_eq!(runs.len(), 7);
+    // The teacher explores (both tools, one or two searches) and uses the demo environment's
+    // argument shortcuts (no query, submit by rank).
     let teacher = std::fs::read_to_string(d.join("demo/teacher.jsonl")).unwrap();
-    assert!(teacher.contains("\"failure\":\"turn_limit\""));
-    assert!(
-        teacher.contains(r#"{\"hits\":[1,2,3,4,5]}"#),
-        "no submit by rank"
-    );
+    for needle in [r#"{\"hits\":["#, "bm25_search", "vector_search"] {
+        assert!(teacher.contains(needle), "the teacher never wrote {needle}");
+    }
     assert!(
         !teacher.contains(r#"\"query\":"#),
         "the teacher wrote a query"
@@ -111,7 +120,7 @@ fn rl_config(d: &std::path::Path, name: &str) -> std::path::PathBuf {
             "rollout_max_concurrency = 64",
             "rollout_max_concurrency = 1",
         ),
-        ("max_steps = 30", "max_steps = 4"),
+        ("max_steps = 80", "max_steps = 4"),
         ("every_steps = 10", "every_steps = 1"),
         (
             "trajectories = true",

@@ -72,8 +72,14 @@ pub fn json(text: &str) -> serde_json::Value {
 pub fn demo_config(dir: &Path, swaps: &[(&str, &str)]) -> PathBuf {
     let root = repo();
     let text = std::fs::read_to_string(root.join("configs/demo.toml")).unwrap();
+    // The indexes (with the real embedder, the slow part to build) are shared by the tests that
+    // run the demo config, in cargo's per-target temporary folder; the index manifest rebuilds
+    // them when the corpus or settings change.
+    let index = Path::new(env!("CARGO_TARGET_TMPDIR")).join("index");
     let mut text = text
         .replace("\"../data/", &format!("\"{}/data/", root.display()))
+        .replace("\"../models/", &format!("\"{}/models/", root.display()))
+        .replace("\"../runs/index/", &format!("\"{}/", index.display()))
         .replace("\"../runs/", &format!("\"{}/", dir.display()));
     let model = format!("\"{}/configs/demo-model.json\"", root.display());
     let mut all = vec![("\"demo-model.json\"", model.as_str())];

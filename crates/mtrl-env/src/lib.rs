@@ -19,6 +19,7 @@
 //! Invariants: no model dependency and no tokio (tools block; callers choose the thread); rewards
 //! are pure; a model's malformed tool call never aborts an episode and never panics.
 
+pub mod best_fixed;
 pub mod dataset;
 pub mod env;
 pub mod error;
@@ -35,6 +36,7 @@ pub mod tool;
 pub mod tools;
 pub mod transcript;
 
+pub use best_fixed::best_fixed;
 pub use dataset::{hold_out, Cursor, Dataset, Mixer, TaskSets};
 pub use env::{run_episode, Action, Agent, Environment, Observation, Step};
 pub use error::{EnvError, Result};
@@ -45,6 +47,6 @@ pub use scripted::{Baseline, ScriptedAgent};
 pub use search_env::{standard_tools, SearchEnv};
 pub use task::{SearchTask, Task};
 pub use tasks::{load_tasks, LoadReport};
-pub use teacher::{Teacher, TeacherSpec};
+pub use teacher::{FixedStrategy, Order, Strategy, Teacher, TeacherSpec};
 pub use tool::{Answer, Tool, ToolError, ToolOutput};
 pub use transcript::{tokenize_transcript, SupervisedRow};

@@ -5,8 +5,10 @@
 //! not to copy a question or a list of ids token by token. With the shortcuts its choices still go
 //! through the real tools and the real reward:
 //! - a search call without `query` searches for the task's question;
-//! - `submit({"hits": [1, 3]})` submits the ids at those 1-based ranks of the most recent
-//!   successful search call, in the order given.
+//! - `submit({"hits": [1, 3]})` submits the ids at those 1-based ranks, in the order given. The
+//!   hits of every successful search call of the episode are numbered in call order: the first
+//!   search's k₁ hits are 1…k₁, the next search's continue at k₁+1, so a list can mix the results
+//!   of several searches (a hybrid of both tools) without copying an id.
 //!
 //! The trajectory keeps the arguments the model wrote; the resolved ids are the call's
 //! `result_ids`.
@@ -39,25 +41,28 @@ pub fn resolve(
         let ranks = map["hits"]
             .as_array()
             .ok_or("`hits` must be a list of 1-based ranks, e.g. [1, 2, 3]")?;
-        let last = earlier
+        // Every successful search of the episode, numbered in call order.
+        let searches: Vec<&ToolCallRecord> = earlier
             .iter()
-            .rev()
-            .find(|c| c.error.is_none() && c.name != tool.name())
-            .ok_or("`hits` refers to the results of a search, and there was none yet")?;
+            .filter(|c| c.error.is_none() && c.name != tool.name())
+            .collect();
+        if searches.is_empty() {
+            return Err("`hits` refers to the results of a search, and there was none yet".into());
+        }
+        let all: Vec<&String> = searches.iter().flat_map(|c| &c.result_ids).collect();
         let mut ids = Vec::with_capacity(ranks.len());
         for r in ranks {
             let rank = r
                 .as_u64()
                 .filter(|&r| r >= 1)
                 .ok_or_else(|| format!("`hits` holds {r}, not a rank (1, 2, …)"))?;
-            let id = last.result_ids.get(rank as usize - 1).ok_or_else(|| {
+            let id = all.get(rank as usize - 1).ok_or_else(|| {
                 format!(
-                    "hit {rank} is out of range: the last search ({}) returned {}",
-                    last.name,
-                    last.result_ids.len()
+                    "hit {rank} is out of range: the searches so far returned {} hits",
+                    all.len()
                 )
             })?;
-            ids.push(Value::String(id.clone()));
+            ids.push(Value::String((*id).clone()));
         }
         let mut out = map.clone();
         out.remove("hits");
@@ -98,7 +103,7 @@ mod tests {
     }
 
     #[test]
-    fn hits_resolve_against_the_last_good_search() {
+    fn hits_number_every_good_search_in_order() {
         let cfg = EnvConfig {
             submit_hits: true,
             ..EnvConfig::default()
@@ -107,11 +112,12 @@ mod tests {
         let earlier = vec![
             search("bm25_search", &["a", "b", "c"], false),
             search("vector_search", &[], true),
+            search("vector_search", &["d", "a"], false),
         ];
-        let out = resolve(&cfg, &submit, &json!({"hits": [3, 1]}), "q", &earlier).unwrap();
-        assert_eq!(out, json!({"doc_ids": ["c", "a"]}));
-        let err = resolve(&cfg, &submit, &json!({"hits": [4]}), "q", &earlier).unwrap_err();
-        assert!(err.contains("hit 4") && err.contains("returned 3"), "{err}");
+        let out = resolve(&cfg, &submit, &json!({"hits": [3, 1, 4, 5]}), "q", &earlier).unwrap();
+        assert_eq!(out, json!({"doc_ids": ["c", "a", "d", "a"]}));
+        let err = resolve(&cfg, &submit, &json!({"hits": [6]}), "q", &earlier).unwrap_err();
+        assert!(err.contains("hit 6") && err.contains("returned 5"), "{err}");
         for bad in [
             json!({"hits": [0]}),
             json!({"hits": "1"}),

@@ -1,48 +1,50 @@
-//! An imperfect scripted teacher: the source of warm-start (SFT) trajectories for policies trained
+//! A varied scripted teacher: the source of warm-start (SFT) trajectories for policies trained
 //! from scratch.
 //!
-//! It behaves like a plausible but flawed agent, on purpose, so that RL after imitation has
-//! something visible to fix:
-//! - **tool choice**: it calls the `weak_tool` (e.g. `vector_search` with the hashing embedder)
-//!   with probability `p_weak`, else the `strong_tool`;
-//! - **stopping**: after its first search it either submits the first `submit_k` ids, or keeps
-//!   searching (alternating the two tools, same query) until the turn budget runs out — a failed
-//!   episode. It keeps searching with probability `p_loop_trigger` when the query's first word is
-//!   one of `trigger_words`, else with probability `p_loop`.
+//! The teacher is not good or bad on purpose; it *explores*. Each episode draws one search
+//! strategy ([`Strategy`]) from the same distribution for every query — nothing depends on the
+//! query's words — and plays it through the real tools:
+//! - 1 to `max_searches` searches, each with a tool drawn uniformly from `tools` and `k` uniform in
+//!   `1..=max_k`; all of them in one message with probability `p_one_message`, else one per turn;
+//! - then `submit`: the hits of every search numbered in order (the first search's hits 1…k₁, the
+//!   next ones k₁+1…), ordered by rank (concatenated), or round-robin across the searches with
+//!   probability `p_interleave` (when there are two or more), then reversed or shuffled with
+//!   probability `p_reorder`; the first `n` of them, `n` uniform in `1..=min(hits, final_k)`.
 //!
-//! With `p_weak > 0.5` and `p_loop_trigger > 0.5`, the *most likely* behaviour a student imitates
-//! is the bad one (what greedy decoding of the imitating policy does), while sampling still visits
-//! the better actions often enough for RL to find them.
+//! SFT on these episodes gives a policy that samples many strategies; which of them pays (which
+//! tool or mix, how many hits, which order) is what RL has to find. [`Strategy`] is also a
+//! scripted agent of its own ([`FixedStrategy`]): the best fixed strategy the teacher knows is a
+//! baseline (see [`best_fixed`](crate::best_fixed)).
 //!
-//! Choices are a pure function of (seed, query, sample): the same teacher writes the same file.
-//! Like the baselines it reads only `Observation::query` and tool responses, never judgments.
+//! Choices are a pure function of the episode seed: the same teacher writes the same file. Like
+//! the baselines it reads only `Observation::query` and tool responses, never judgments.
 
-use mtrl_core::ToolCall;
+use mtrl_core::rng::SplitMix64;
+use mtrl_core::{Role, ToolCall};
 use serde_json::{json, Value};
 
 use crate::env::{Action, Agent, Observation};
 use crate::error::{EnvError, Result};
 use crate::parser::format_tool_call;
 use crate::scripted::hit_ids;
-use crate::search_env::last_tool_results;
-use mtrl_core::rng::{hash_str, SplitMix64};
 
-/// The teacher's flaws and sizes.
+/// The teacher's action space and how it samples it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TeacherSpec {
-    pub strong_tool: String,
-    pub weak_tool: String,
-    /// Probability of searching with `weak_tool`.
-    pub p_weak: f64,
-    /// Probability of searching on until the turn budget runs out (query not triggered).
-    pub p_loop: f64,
-    /// The same for queries whose first word is in `trigger_words`.
-    pub p_loop_trigger: f64,
-    pub trigger_words: Vec<String>,
-    /// `k` of each search call.
-    pub search_k: usize,
-    /// Ids submitted (the first of the first search's hits).
-    pub submit_k: usize,
+    /// Search tools to draw from.
+    pub tools: Vec<String>,
+    /// Searches per episode: uniform in `1..=max_searches`.
+    pub max_searches: usize,
+    /// `k` of a search: uniform in `1..=max_k`.
+    pub max_k: usize,
+    /// Hits submitted: uniform in `1..=min(hits seen, final_k)`.
+    pub final_k: usize,
+    /// Probability that all searches go in one message (else one per turn).
+    pub p_one_message: f64,
+    /// Probability of a round-robin order across searches (two or more), else rank order.
+    pub p_interleave: f64,
+    /// Probability of reversing (half) or shuffling (half) the submitted order.
+    pub p_reorder: f64,
     /// Search with the query's content words only (stop words and punctuation dropped), as a
     /// keyword-search user would; BM25 drops those words anyway.
     pub keyword_queries: bool,
@@ -56,14 +58,13 @@ pub struct TeacherSpec {
 impl Default for TeacherSpec {
     fn default() -> Self {
         TeacherSpec {
-            strong_tool: "bm25_search".into(),
-            weak_tool: "vector_search".into(),
-            p_weak: 0.6,
-            p_loop: 0.1,
-            p_loop_trigger: 0.7,
-            trigger_words: vec!["what".into()],
-            search_k: 5,
-            submit_k: 5,
+            tools: vec!["bm25_search".into(), "vector_search".into()],
+            max_searches: 2,
+            max_k: 10,
+            final_k: 10,
+            p_one_message: 0.5,
+            p_interleave: 0.5,
+            p_reorder: 0.2,
             keyword_queries: true,
             omit_query: false,
             submit_hits: false,
@@ -71,38 +72,129 @@ impl Default for TeacherSpec {
     }
 }
 
-/// One teacher episode's agent (make a new one per episode).
-pub struct Teacher {
-    spec: TeacherSpec,
-    seed: u64,
-    plan: Option<(bool, bool)>,
+/// How the submitted list is ordered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// The searches' hits concatenated, each in rank order.
+    Ranked,
+    /// Round-robin across the searches: 1st of each, then 2nd of each, …
+    Interleaved,
+    /// `Ranked` or `Interleaved` (per `interleave`), reversed.
+    Reversed { interleave: bool },
+    /// `Ranked` or `Interleaved`, shuffled with this seed.
+    Shuffled { interleave: bool, seed: u64 },
 }
 
-impl Teacher {
-    /// `seed` should differ per sample of the same task (e.g. hash of run seed and sample index).
-    pub fn new(spec: TeacherSpec, seed: u64) -> Teacher {
-        Teacher {
-            spec,
-            seed,
-            plan: None,
+/// One episode's plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Strategy {
+    /// (tool, k) of each search, in order.
+    pub searches: Vec<(String, usize)>,
+    pub one_message: bool,
+    pub order: Order,
+    /// Hits submitted (fewer when the searches returned fewer).
+    pub submit: usize,
+}
+
+impl Strategy {
+    /// A strategy drawn from `spec`'s distribution.
+    pub fn sample(spec: &TeacherSpec, seed: u64) -> Strategy {
+        let mut rng = SplitMix64(seed ^ 0x7ea_c4e2);
+        let n = 1 + rng.below(spec.max_searches.max(1));
+        let searches = (0..n)
+            .map(|_| {
+                let tool = spec.tools[rng.below(spec.tools.len())].clone();
+                (tool, 1 + rng.below(spec.max_k.max(1)))
+            })
+            .collect();
+        let one_message = rng.next_f64() < spec.p_one_message;
+        let interleave = n > 1 && rng.next_f64() < spec.p_interleave;
+        let order = if rng.next_f64() < spec.p_reorder {
+            if rng.next_f64() < 0.5 {
+                Order::Reversed { interleave }
+            } else {
+                Order::Shuffled {
+                    interleave,
+                    seed: rng.next_u64(),
+                }
+            }
+        } else if interleave {
+            Order::Interleaved
+        } else {
+            Order::Ranked
+        };
+        // Drawn here, capped by the hits actually seen when submitting.
+        let submit = 1 + rng.below(spec.final_k.max(1));
+        Strategy {
+            searches,
+            one_message,
+            order,
+            submit,
         }
     }
 
-    /// (uses the weak tool, keeps searching) for `query`.
-    pub fn plan(&self, query: &str) -> (bool, bool) {
-        let mut rng = SplitMix64(hash_str(self.seed, query));
-        let weak = rng.next_f64() < self.spec.p_weak;
-        let first = query
-            .split_whitespace()
-            .next()
-            .unwrap_or_default()
-            .to_lowercase();
-        let p = if self.spec.trigger_words.contains(&first) {
-            self.spec.p_loop_trigger
-        } else {
-            self.spec.p_loop
+    /// A short name, e.g. `bm25:10+vector:5 interleaved top10`.
+    pub fn name(&self) -> String {
+        let tools: Vec<String> = self
+            .searches
+            .iter()
+            .map(|(t, k)| format!("{}:{k}", t.trim_end_matches("_search")))
+            .collect();
+        let order = match self.order {
+            Order::Ranked => "ranked".to_string(),
+            Order::Interleaved => "interleaved".to_string(),
+            Order::Reversed { interleave } => {
+                format!("{}reversed", ["", "interleaved "][interleave as usize])
+            }
+            Order::Shuffled { interleave, .. } => {
+                format!("{}shuffled", ["", "interleaved "][interleave as usize])
+            }
         };
-        (weak, rng.next_f64() < p)
+        format!("{} {order} top{}", tools.join("+"), self.submit)
+    }
+
+    /// The 1-based global ranks to submit, given how many hits each search returned.
+    pub fn ranks(&self, lens: &[usize]) -> Vec<usize> {
+        let mut offsets = Vec::with_capacity(lens.len());
+        let mut total = 0;
+        for &l in lens {
+            offsets.push(total);
+            total += l;
+        }
+        let interleave = matches!(
+            self.order,
+            Order::Interleaved
+                | Order::Reversed { interleave: true }
+                | Order::Shuffled {
+                    interleave: true,
+                    ..
+                }
+        );
+        let mut ranks: Vec<usize> = if interleave {
+            let longest = lens.iter().copied().max().unwrap_or(0);
+            (0..longest)
+                .flat_map(|i| {
+                    lens.iter()
+                        .zip(&offsets)
+                        .filter(move |(l, _)| i < **l)
+                        .map(move |(_, o)| o + i + 1)
+                })
+                .collect()
+        } else {
+            (1..=total).collect()
+        };
+        match self.order {
+            Order::Reversed { .. } => ranks.reverse(),
+            Order::Shuffled { seed, .. } => {
+                let mut rng = SplitMix64(seed);
+                for i in (1..ranks.len()).rev() {
+                    ranks.swap(i, rng.below(i + 1));
+                }
+            }
+            _ => {}
+        }
+        ranks.truncate(self.submit);
+        ranks
     }
 }
 
@@ -135,54 +227,99 @@ fn call(name: &str, arguments: Value) -> String {
     })
 }
 
-impl Agent for Teacher {
+/// Plays one [`Strategy`] (make a new one per episode).
+pub struct FixedStrategy {
+    strategy: Strategy,
+    keyword_queries: bool,
+    omit_query: bool,
+    submit_hits: bool,
+    /// Searches made so far.
+    done: usize,
+}
+
+impl FixedStrategy {
+    /// Plays `strategy` with the argument conventions of `spec`.
+    pub fn new(strategy: Strategy, spec: &TeacherSpec) -> FixedStrategy {
+        FixedStrategy {
+            strategy,
+            keyword_queries: spec.keyword_queries,
+            omit_query: spec.omit_query,
+            submit_hits: spec.submit_hits,
+            done: 0,
+        }
+    }
+
+    pub fn strategy(&self) -> &Strategy {
+        &self.strategy
+    }
+}
+
+impl Agent for FixedStrategy {
     fn act(&mut self, obs: &Observation) -> Result<Action> {
         let query = obs
             .query
             .as_deref()
             .ok_or_else(|| EnvError::Agent("the teacher needs the task's query".into()))?;
-        let (weak, keeps_searching) = match self.plan {
-            Some(p) => p,
-            None => {
-                let p = self.plan(query);
-                self.plan = Some(p);
-                p
-            }
-        };
-        let s = &self.spec;
-        let (first, other) = if weak {
-            (&s.weak_tool, &s.strong_tool)
-        } else {
-            (&s.strong_tool, &s.weak_tool)
-        };
-        let q = if s.keyword_queries {
-            keywords(query)
-        } else {
-            query.to_string()
-        };
-        let args = if s.omit_query {
-            json!({"k": s.search_k})
-        } else {
-            json!({"query": q, "k": s.search_k})
-        };
         if obs.turn == 0 {
-            return Ok(Action::text(call(first, args)));
+            self.done = 0;
         }
-        if keeps_searching {
-            let tool = if obs.turn % 2 == 1 { other } else { first };
-            return Ok(Action::text(call(tool, args)));
+        let s = &self.strategy;
+        if self.done < s.searches.len() {
+            let q = if self.keyword_queries {
+                keywords(query)
+            } else {
+                query.to_string()
+            };
+            let take = if s.one_message { s.searches.len() } else { 1 };
+            let calls: Vec<String> = s.searches[self.done..self.done + take]
+                .iter()
+                .map(|(tool, k)| {
+                    let args = if self.omit_query {
+                        json!({"k": k})
+                    } else {
+                        json!({"query": q, "k": k})
+                    };
+                    call(tool, args)
+                })
+                .collect();
+            self.done += take;
+            return Ok(Action::text(calls.join("\n")));
         }
-        let mut ids = last_tool_results(&obs.messages)
-            .into_iter()
-            .map(|(_, content)| hit_ids(content))
-            .next()
-            .unwrap_or_default();
-        ids.truncate(s.submit_k);
-        if s.submit_hits {
-            let ranks: Vec<usize> = (1..=ids.len()).collect();
+        // Every search's hits, in call order (error responses hold none).
+        let lists: Vec<Vec<String>> = obs
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::Tool && m.name.as_deref() != Some("submit"))
+            .map(|m| hit_ids(&m.content))
+            .collect();
+        let lens: Vec<usize> = lists.iter().map(Vec::len).collect();
+        let ranks = s.ranks(&lens);
+        if self.submit_hits {
             return Ok(Action::text(call("submit", json!({"hits": ranks}))));
         }
+        let all: Vec<&String> = lists.iter().flatten().collect();
+        let ids: Vec<&String> = ranks.iter().map(|&r| all[r - 1]).collect();
         Ok(Action::text(call("submit", json!({"doc_ids": ids}))))
+    }
+}
+
+/// One teacher episode's agent: a strategy drawn from the spec (make a new one per episode).
+pub struct Teacher(FixedStrategy);
+
+impl Teacher {
+    /// `seed` should differ per episode (e.g. a hash of the run seed, the task and the sample).
+    pub fn new(spec: TeacherSpec, seed: u64) -> Teacher {
+        Teacher(FixedStrategy::new(Strategy::sample(&spec, seed), &spec))
+    }
+
+    pub fn strategy(&self) -> &Strategy {
+        self.0.strategy()
+    }
+}
+
+impl Agent for Teacher {
+    fn act(&mut self, obs: &Observation) -> Result<Action> {
+        self.0.act(obs)
     }
 }
 
@@ -199,26 +336,115 @@ mod tests {
         assert_eq!(keywords("what is ."), "what is .");
     }
 
+    fn strategy(order: Order, submit: usize) -> Strategy {
+        Strategy {
+            searches: vec![("bm25_search".into(), 3), ("vector_search".into(), 2)],
+            one_message: true,
+            order,
+            submit,
+        }
+    }
+
     #[test]
-    fn plans_are_deterministic_and_follow_the_probabilities() {
-        let spec = TeacherSpec::default();
-        let queries: Vec<String> = (0..2000).map(|i| format!("what is flow {i}")).collect();
-        let others: Vec<String> = (0..2000).map(|i| format!("how is flow {i}")).collect();
-        let t = Teacher::new(spec.clone(), 7);
-        let frac = |qs: &[String], pick: fn((bool, bool)) -> bool| {
-            qs.iter().filter(|q| pick(t.plan(q))).count() as f64 / qs.len() as f64
-        };
-        assert!((frac(&queries, |p| p.1) - 0.7).abs() < 0.04);
-        assert!((frac(&others, |p| p.1) - 0.1).abs() < 0.03);
-        assert!((frac(&others, |p| p.0) - 0.6).abs() < 0.04);
+    fn ranks_number_every_search_in_order() {
+        let lens = [3, 2];
         assert_eq!(
-            t.plan("what a"),
-            Teacher::new(spec.clone(), 7).plan("what a")
+            strategy(Order::Ranked, 10).ranks(&lens),
+            vec![1, 2, 3, 4, 5]
         );
-        let differs = queries
-            .iter()
-            .filter(|q| t.plan(q) != Teacher::new(spec.clone(), 8).plan(q))
-            .count();
-        assert!(differs > 500);
+        assert_eq!(strategy(Order::Ranked, 2).ranks(&lens), vec![1, 2]);
+        assert_eq!(
+            strategy(Order::Interleaved, 10).ranks(&lens),
+            vec![1, 4, 2, 5, 3]
+        );
+        assert_eq!(
+            strategy(Order::Reversed { interleave: true }, 3).ranks(&lens),
+            vec![3, 5, 2]
+        );
+        let mut shuffled = strategy(
+            Order::Shuffled {
+                interleave: false,
+                seed: 9,
+            },
+            10,
+        )
+        .ranks(&lens);
+        assert_ne!(shuffled, vec![1, 2, 3, 4, 5]);
+        shuffled.sort();
+        assert_eq!(shuffled, vec![1, 2, 3, 4, 5]);
+        // A search that returned fewer hits shifts the numbering.
+        assert_eq!(
+            strategy(Order::Interleaved, 10).ranks(&[1, 2]),
+            vec![1, 2, 3]
+        );
+    }
+
+    /// Share of sampled strategies with `pick`, over 4000 seeds.
+    fn share(spec: &TeacherSpec, pick: impl Fn(&Strategy) -> bool) -> f64 {
+        (0..4000u64)
+            .filter(|&s| pick(&Strategy::sample(spec, s)))
+            .count() as f64
+            / 4000.0
+    }
+
+    #[test]
+    fn every_knob_moves_the_strategy_distribution() {
+        let spec = TeacherSpec::default();
+        // Tools uniform, searches uniform in 1..=2, k and submit uniform in 1..=10.
+        let bm25_first = share(&spec, |s| s.searches[0].0 == "bm25_search");
+        assert!((bm25_first - 0.5).abs() < 0.04, "{bm25_first}");
+        assert!((share(&spec, |s| s.searches.len() == 2) - 0.5).abs() < 0.04);
+        assert!((share(&spec, |s| s.searches[0].1 == 10) - 0.1).abs() < 0.03);
+        assert!((share(&spec, |s| s.submit == 10) - 0.1).abs() < 0.03);
+        assert!((share(&spec, |s| s.one_message) - 0.5).abs() < 0.04);
+        let three = TeacherSpec {
+            max_searches: 3,
+            ..spec.clone()
+        };
+        assert!((share(&three, |s| s.searches.len() == 3) - 1.0 / 3.0).abs() < 0.04);
+        let small_k = TeacherSpec {
+            max_k: 3,
+            final_k: 4,
+            ..spec.clone()
+        };
+        assert!(share(&small_k, |s| s.searches.iter().all(|(_, k)| *k <= 3)) == 1.0);
+        assert!(share(&small_k, |s| s.submit <= 4) == 1.0);
+        let one_tool = TeacherSpec {
+            tools: vec!["vector_search".into()],
+            ..spec.clone()
+        };
+        assert_eq!(
+            share(&one_tool, |s| s.searches[0].0 == "vector_search"),
+            1.0
+        );
+        let separate = TeacherSpec {
+            p_one_message: 0.0,
+            ..spec.clone()
+        };
+        assert_eq!(share(&separate, |s| s.one_message), 0.0);
+        let interleaved = |s: &Strategy| s.order == Order::Interleaved;
+        let always = TeacherSpec {
+            p_interleave: 1.0,
+            p_reorder: 0.0,
+            ..spec.clone()
+        };
+        // Interleaving needs two searches (half of the episodes).
+        assert!((share(&always, interleaved) - 0.5).abs() < 0.04);
+        let never = TeacherSpec {
+            p_interleave: 0.0,
+            ..spec.clone()
+        };
+        assert_eq!(share(&never, interleaved), 0.0);
+        let reordered =
+            |s: &Strategy| matches!(s.order, Order::Reversed { .. } | Order::Shuffled { .. });
+        assert!((share(&spec, reordered) - 0.2).abs() < 0.03);
+        let no_reorder = TeacherSpec {
+            p_reorder: 0.0,
+            ..spec.clone()
+        };
+        assert_eq!(share(&no_reorder, reordered), 0.0);
+        // Deterministic per seed, different across seeds.
+        assert_eq!(Strategy::sample(&spec, 5), Strategy::sample(&spec, 5));
+        assert!((0..50u64).any(|s| Strategy::sample(&spec, s) != Strategy::sample(&spec, s + 50)));
     }
 }

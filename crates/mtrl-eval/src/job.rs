@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device};
 use mtrl_core::{ChatCodec, Config, EnvConfig};
-use mtrl_env::Baseline;
+use mtrl_env::{Baseline, FixedStrategy, Strategy, TeacherSpec};
 use mtrl_model::{Policy, SamplingParams, TemplateCodec, Tokenizer};
 use mtrl_search::SearchIndex;
 
@@ -26,7 +26,8 @@ use crate::report::{
     Comparison, DatasetReport, EvalReport, ModelRun, PassCriterion, RunKind, SamplingInfo, Summary,
     TaskResult, REPORT_FORMAT_VERSION,
 };
-use crate::runner::{run_policy, run_scripted, Episodes, PolicyRun};
+use crate::runner::{run_agent, run_policy, run_scripted, Episodes, PolicyRun};
+use crate::strategy::StrategyStats;
 use crate::tasks::{load_test_sets, TestSet};
 
 /// A model to evaluate.
@@ -48,12 +49,21 @@ pub enum Contender {
     },
     /// A scripted baseline (labelled by its name).
     Scripted(Baseline),
+    /// A fixed strategy of the warm-start teacher (e.g. the best one on a validation split),
+    /// played with `spec`'s argument conventions.
+    Strategy {
+        label: String,
+        strategy: Strategy,
+        spec: TeacherSpec,
+    },
 }
 
 impl Contender {
     pub fn label(&self) -> &str {
         match self {
-            Contender::ModelDir { label, .. } | Contender::Policy { label, .. } => label,
+            Contender::ModelDir { label, .. }
+            | Contender::Policy { label, .. }
+            | Contender::Strategy { label, .. } => label,
             Contender::Scripted(b) => b.name(),
         }
     }
@@ -283,6 +293,12 @@ fn model_run(
         source: source.to_string(),
         summary: Summary::of(&tasks, ep.greedy_s, kind == RunKind::Policy),
         tasks,
+        strategy: Some(StrategyStats::of(&ep.greedy)),
+        sampled_strategy: ep
+            .samples
+            .iter()
+            .any(|s| !s.is_empty())
+            .then(|| StrategyStats::of(ep.samples.iter().flatten())),
         greedy: ep.greedy,
         samples: ep.samples,
     })
@@ -329,6 +345,16 @@ pub fn evaluate(job: EvalJob) -> Result<EvalReport> {
                     say(format!("{label}: {} ({} tasks)", set.name, set.tasks.len()));
                     let ep = run_scripted(b, &job.env, job.index.clone(), set)?;
                     runs[i].push(model_run(&label, RunKind::Scripted, b.name(), ep, s)?);
+                }
+                continue;
+            }
+            Contender::Strategy { strategy, spec, .. } => {
+                let source = format!("fixed strategy: {}", strategy.name());
+                for (i, set) in job.sets.iter().enumerate() {
+                    say(format!("{label}: {} ({} tasks)", set.name, set.tasks.len()));
+                    let mut agent = FixedStrategy::new(strategy.clone(), &spec);
+                    let ep = run_agent(&label, &mut agent, &job.env, job.index.clone(), set)?;
+                    runs[i].push(model_run(&label, RunKind::Scripted, &source, ep, s)?);
                 }
                 continue;
             }

@@ -30,6 +30,7 @@ pub mod plot;
 pub mod render;
 pub mod report;
 pub mod runner;
+pub mod strategy;
 pub mod tasks;
 pub mod trajlog;
 

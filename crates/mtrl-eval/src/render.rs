@@ -41,32 +41,35 @@ fn csv_field(s: &str) -> String {
     }
 }
 
-/// One CSV/table row of numbers: `[ndcg, fail_rate, turns, pass@k, reward, tokens, s]`.
-fn summary_cells(s: &Summary) -> [Option<f64>; 7] {
+/// One CSV/table row of numbers:
+/// `[ndcg, fail_rate, turns, pass@k, reward, sampled reward, tokens, s]`.
+fn summary_cells(s: &Summary) -> [Option<f64>; 8] {
     [
         Some(s.ndcg_at_10),
         Some(s.fail_rate),
         Some(s.turns),
         s.pass_at_k,
         Some(s.reward),
+        s.sampled_reward,
         s.tokens_per_task,
         Some(s.s_per_task),
     ]
 }
 
-fn comparison_cells(c: &Comparison) -> [Option<f64>; 7] {
+fn comparison_cells(c: &Comparison) -> [Option<f64>; 8] {
     [
         Some(c.ndcg_at_10.diff),
         Some(c.fail_rate),
         Some(c.turns),
         c.pass_at_k,
         Some(c.reward),
+        c.sampled_reward,
         c.tokens_per_task,
         Some(c.s_per_task),
     ]
 }
 
-const PRECISION: [usize; 7] = [4, 3, 2, 3, 4, 1, 3];
+const PRECISION: [usize; 8] = [4, 3, 2, 3, 4, 4, 1, 3];
 
 impl EvalReport {
     fn pass_column(&self) -> String {
@@ -79,7 +82,7 @@ impl EvalReport {
         let pass = &self.pass;
         out.push_str(&format!(
             "Greedy decoding; pass@{k}: {n} sampled attempts per task (temperature {t}, top_p {p}, \
-             top_k {tk}), a task passes when {m} ≥ {th}; Δ rows: difference with the paired \
+             top_k {tk}), a task passes when {m} ≥ {th}; reward~: mean reward of those attempts; Δ rows: difference with the paired \
              bootstrap {lvl}% interval of the nDCG@10 difference ({b} resamples, seed {s}).\n\n",
             k = self.k,
             n = self.samples,
@@ -93,10 +96,10 @@ impl EvalReport {
             s = self.seed,
         ));
         out.push_str(&format!(
-            "| benchmark | size | model | ndcg@10 | fail_rate | turns | {} | reward | tokens/task | s/task |\n",
+            "| benchmark | size | model | ndcg@10 | fail_rate | turns | {} | reward | reward~ | tokens/task | s/task |\n",
             self.pass_column()
         ));
-        out.push_str("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
+        out.push_str("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         for d in &self.datasets {
             for r in &d.runs {
                 let cells: Vec<String> = summary_cells(&r.summary)
@@ -136,7 +139,7 @@ impl EvalReport {
     /// The table's rows as CSV (comparison rows have model `a - b` and the interval's ends).
     pub fn csv(&self) -> String {
         let mut out = format!(
-            "benchmark,size,model,ndcg@10,fail_rate,turns,{},reward,tokens/task,s/task,ndcg@10_ci_low,ndcg@10_ci_high\n",
+            "benchmark,size,model,ndcg@10,fail_rate,turns,{},reward,sampled_reward,tokens/task,s/task,ndcg@10_ci_low,ndcg@10_ci_high\n",
             self.pass_column()
         );
         let num = |v: &Option<f64>| v.map_or_else(String::new, |v| format!("{v}"));
@@ -238,11 +241,14 @@ mod tests {
                 turns: 2.0,
                 pass_at_k: Some(0.5),
                 reward: ndcg,
+                sampled_reward: Some(ndcg / 2.0),
                 tokens_per_task: tokens,
                 s_per_task: 0.5,
                 failures: Default::default(),
             },
             tasks: Vec::new(),
+            strategy: None,
+            sampled_strategy: None,
             greedy: Vec::new(),
             samples: Vec::new(),
         }
@@ -284,6 +290,7 @@ mod tests {
                     turns: 0.0,
                     pass_at_k: Some(0.0),
                     reward: 0.1,
+                    sampled_reward: None,
                     tokens_per_task: None,
                     s_per_task: 0.0,
                 }],
@@ -293,11 +300,11 @@ mod tests {
         assert!(md.contains("| benchmark | size | model | ndcg@10 | fail_rate | turns | pass@4 |"));
         assert!(
             md.contains(
-                "| cran/test | 3 | base | 0.2000 | 0.250 | 2.00 | 0.500 | 0.2000 | 10.0 | 0.500 |"
+                "| cran/test | 3 | base | 0.2000 | 0.250 | 2.00 | 0.500 | 0.2000 | 0.1000 | 10.0 | 0.500 |"
             ),
             "{md}"
         );
-        assert!(md.contains("| cran/test | 3 | bm25-once | 0.3000 | 0.250 | 2.00 | 0.500 | 0.3000 | - | 0.500 |"), "{md}");
+        assert!(md.contains("| cran/test | 3 | bm25-once | 0.3000 | 0.250 | 2.00 | 0.500 | 0.3000 | 0.1500 | - | 0.500 |"), "{md}");
         assert!(
             md.contains("| Δ tuned − base | +0.1000 [-0.0500, +0.2000] |"),
             "{md}"
@@ -306,7 +313,10 @@ mod tests {
         let lines: Vec<&str> = csv.lines().collect();
         assert_eq!(lines.len(), 4);
         assert!(lines[0].starts_with("benchmark,size,model,ndcg@10"));
-        assert_eq!(lines[2], "cran/test,3,bm25-once,0.3,0.25,2,0.5,0.3,,0.5,,");
+        assert_eq!(
+            lines[2],
+            "cran/test,3,bm25-once,0.3,0.25,2,0.5,0.3,0.15,,0.5,,"
+        );
         assert!(
             lines[3].starts_with("cran/test,3,tuned - base,0.1,")
                 && lines[3].ends_with(",-0.05,0.2")

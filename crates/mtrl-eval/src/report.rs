@@ -107,6 +107,10 @@ pub struct TaskResult {
     pub sample_passes: usize,
     /// pass@k of this task (absent when k = 0).
     pub pass_at_k: Option<f64>,
+    /// Mean reward of the sampled attempts (the greedy reward for a deterministic agent; absent
+    /// when k = 0).
+    #[serde(default)]
+    pub sampled_reward: Option<f64>,
 }
 
 impl TaskResult {
@@ -126,6 +130,14 @@ impl TaskResult {
             (_, true) => Some(if passed { 1.0 } else { 0.0 }),
             (k, false) => Some(pass_at_k(samples.len(), sample_passes, k)?),
         };
+        let sampled_reward = match (k, deterministic) {
+            (0, _) => None,
+            (_, true) => Some(greedy.reward),
+            (_, false) if samples.is_empty() => None,
+            (_, false) => {
+                Some(samples.iter().map(|t| t.reward).sum::<f64>() / samples.len() as f64)
+            }
+        };
         Ok(TaskResult {
             task_id: greedy.task_id.clone(),
             ndcg_at_10: ndcg_at_10(greedy),
@@ -137,6 +149,7 @@ impl TaskResult {
             samples: samples.len(),
             sample_passes,
             pass_at_k,
+            sampled_reward,
         })
     }
 }
@@ -149,6 +162,9 @@ pub struct Summary {
     pub turns: f64,
     pub pass_at_k: Option<f64>,
     pub reward: f64,
+    /// Mean reward of the sampled attempts (absent when none were run).
+    #[serde(default)]
+    pub sampled_reward: Option<f64>,
     /// None in text mode (scripted baselines).
     pub tokens_per_task: Option<f64>,
     pub s_per_task: f64,
@@ -176,6 +192,12 @@ impl Summary {
                 .filter(|p| !p.is_empty())
                 .map(|p| p.iter().sum::<f64>() / n),
             reward: mean(&|t| t.reward),
+            sampled_reward: tasks
+                .iter()
+                .map(|t| t.sampled_reward)
+                .collect::<Option<Vec<f64>>>()
+                .filter(|v| !v.is_empty())
+                .map(|v| v.iter().sum::<f64>() / n),
             tokens_per_task: token_mode.then(|| mean(&|t| t.tokens as f64)),
             s_per_task: wall_s / n,
             failures,
@@ -201,6 +223,12 @@ pub struct ModelRun {
     pub summary: Summary,
     /// Per task, in test-file order.
     pub tasks: Vec<TaskResult>,
+    /// What the greedy episodes did (tools, searches, hits, turns).
+    #[serde(default)]
+    pub strategy: Option<crate::strategy::StrategyStats>,
+    /// The same over the sampled attempts (absent when none were run).
+    #[serde(default)]
+    pub sampled_strategy: Option<crate::strategy::StrategyStats>,
     /// The greedy episode of each task, in test-file order.
     #[serde(skip)]
     pub greedy: Vec<Trajectory>,
@@ -219,6 +247,8 @@ pub struct Comparison {
     pub turns: f64,
     pub pass_at_k: Option<f64>,
     pub reward: f64,
+    #[serde(default)]
+    pub sampled_reward: Option<f64>,
     pub tokens_per_task: Option<f64>,
     pub s_per_task: f64,
 }
@@ -243,6 +273,7 @@ impl Comparison {
             turns: x.turns - y.turns,
             pass_at_k: opt(x.pass_at_k, y.pass_at_k),
             reward: x.reward - y.reward,
+            sampled_reward: opt(x.sampled_reward, y.sampled_reward),
             tokens_per_task: opt(x.tokens_per_task, y.tokens_per_task),
             s_per_task: x.s_per_task - y.s_per_task,
         })

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use mtrl_core::{ChatCodec, EnvConfig, Trajectory};
-use mtrl_env::{Baseline, ScriptedAgent, SearchEnv, Task};
+use mtrl_env::{Agent, Baseline, ScriptedAgent, SearchEnv, Task};
 use mtrl_model::{Engine, Policy, SamplingParams};
 use mtrl_rollout::engine_thread::EngineThread;
 use mtrl_rollout::episode::{EnvStats, EpisodeContext, EpisodeId};
@@ -208,14 +208,25 @@ pub fn run_scripted(
     index: Arc<SearchIndex>,
     set: &TestSet,
 ) -> Result<Episodes> {
-    let fail = |e: mtrl_env::EnvError| episode_error(baseline.name(), &set.name, e);
-    let mut senv = SearchEnv::standard(env.clone(), index).map_err(fail)?;
     let mut agent = ScriptedAgent::new(baseline, env.final_k, env.max_search_k);
+    run_agent(baseline.name(), &mut agent, env, index, set)
+}
+
+/// Runs a deterministic text-mode agent once per task.
+pub fn run_agent(
+    label: &str,
+    agent: &mut dyn Agent,
+    env: &EnvConfig,
+    index: Arc<SearchIndex>,
+    set: &TestSet,
+) -> Result<Episodes> {
+    let fail = |e: mtrl_env::EnvError| episode_error(label, &set.name, e);
+    let mut senv = SearchEnv::standard(env.clone(), index).map_err(fail)?;
     let t0 = Instant::now();
     let greedy = set
         .tasks
         .iter()
-        .map(|t| mtrl_env::run_episode(&mut senv, &mut agent, t).map_err(fail))
+        .map(|t| mtrl_env::run_episode(&mut senv, agent, t).map_err(fail))
         .collect::<Result<Vec<_>>>()?;
     Ok(Episodes {
         greedy,

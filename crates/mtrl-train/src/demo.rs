@@ -1,13 +1,15 @@
 //! The default job (`mtrl` with no command, or `mtrl train` without `--config`): on the embedded
-//! `configs/demo.toml`, learn a small search agent from scratch on the CPU and show base vs
-//! fine-tuned on held-out queries. Every stage is the library code a real command runs:
-//! task splits ([`crate::data`]) → indexes → teacher episodes ([`crate::warm_start`]) → tokenizer
-//! training → SFT ([`crate::sft`]) → RL ([`crate::run::train`]) → evaluation ([`crate::eval`]) →
-//! curves (`mtrl_eval::plot`).
+//! `configs/demo.toml`, learn a small search agent from scratch on the CPU and compare it on
+//! held-out queries with its warm start, a rejection-sampling control and every scripted
+//! baseline. Every stage is the library code a real command runs: task splits ([`crate::data`])
+//! → indexes → teacher episodes ([`crate::warm_start`]) → tokenizer training → SFT
+//! ([`crate::sft`]) → the RFT control ([`crate::rft`]) → RL ([`crate::run::train`]) → evaluation
+//! ([`crate::demo_eval`]) → curves (`mtrl_eval::plot`).
 //!
-//! Outputs (paths from the config): task files, the teacher's trajectories, the tokenizer, the
-//! SFT checkpoint (the "base" policy), the RL run (checkpoints, metrics, trajectories, curves) and
-//! the evaluation report. A rerun redoes every stage from the same seed (earlier RL checkpoints
+//! Outputs (paths from the config, or under `--run-dir`): task files, the teacher's trajectories,
+//! the tokenizer, the SFT checkpoint (the "base" policy), the RFT checkpoint, the RL run
+//! (checkpoints, metrics, trajectories, curves), the evaluation report and `demo.json` (what ran,
+//! for `mtrl demo-table`). A rerun redoes every stage from the same seed (earlier RL checkpoints
 //! are moved aside, never deleted). Stage lines go to stderr.
 
 use std::path::{Path, PathBuf};
@@ -17,16 +19,17 @@ use std::time::Instant;
 
 use mtrl_core::config::WarmStartConfig;
 use mtrl_core::{Config, Trajectory};
-use mtrl_env::Baseline;
-use mtrl_eval::{prepare_test_sets, Contender, EvalJob, EvalReport, EvalSettings};
+use mtrl_eval::EvalReport;
 use mtrl_model::{TemplateCodec, Tokenizer};
 use mtrl_search::SearchIndex;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::data::{self, PrepareOptions};
+use crate::demo_eval::{self, Split};
 use crate::error::{Context, Result};
 use crate::run::{train, TrainOptions};
-use crate::{setup, sft, warm_start};
+use crate::{rft, setup, sft, warm_start};
 
 /// How to run the default job.
 #[derive(Debug, Clone)]
@@ -35,10 +38,16 @@ pub struct DemoOptions {
     pub max_steps: Option<u64>,
     /// Progress bars and stage details on stderr.
     pub progress: bool,
-    /// pass@k's k (sampled attempts per test task) of the final evaluation; 0: greedy only.
+    /// pass@k's k (sampled attempts per task) of the final evaluation; 0: greedy only.
     pub eval_k: usize,
-    /// Evaluate on at most this many test tasks.
+    /// Evaluate on at most this many tasks.
     pub eval_limit: Option<usize>,
+    /// Replaces `[train] seed` and `[sft] seed` (teacher, initialisation, sampling, shuffling).
+    pub seed: Option<u64>,
+    /// Writes every output of the run (not the task files or indexes) under this folder.
+    pub run_dir: Option<PathBuf>,
+    /// Which held-out split the final evaluation runs on.
+    pub split: Split,
     /// Stop RL (checkpointed) when raised.
     pub stop: Arc<AtomicBool>,
     /// Raise `stop` on Ctrl-C / SIGTERM.
@@ -52,23 +61,71 @@ impl Default for DemoOptions {
             progress: true,
             eval_k: 4,
             eval_limit: None,
+            seed: None,
+            run_dir: None,
+            split: Split::Test,
             stop: Arc::new(AtomicBool::new(false)),
             watch_signals: false,
         }
     }
 }
 
+/// What ran (written as `demo.json` beside the report).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DemoRecord {
+    /// The config's `name` (the collection).
+    pub collection: String,
+    pub seed: u64,
+    pub split: String,
+    /// The best fixed teacher strategy on the validation split, and its mean reward there.
+    pub teacher_best: String,
+    pub teacher_best_validation_reward: f64,
+    pub rft_pool: usize,
+    pub rft_kept: usize,
+    /// Seconds per stage, and in all.
+    pub stage_s: Vec<(String, f64)>,
+    pub total_s: f64,
+}
+
 /// What the default job produced.
 pub struct DemoOutcome {
     pub report: EvalReport,
-    /// Where `eval.md`, `eval.json`, `eval.csv` went.
+    pub record: DemoRecord,
+    /// Where `eval.md`, `eval.json`, `eval.csv` and `demo.json` went.
     pub report_dir: PathBuf,
     pub plots: Vec<PathBuf>,
     pub total_s: f64,
 }
 
-fn stage(t0: Instant, name: &str) {
-    eprintln!("[{:>6.1}s] {name}", t0.elapsed().as_secs_f64());
+/// Stage lines and timings.
+struct Stages {
+    t0: Instant,
+    last: (String, Instant),
+    done: Vec<(String, f64)>,
+}
+
+impl Stages {
+    fn new() -> Stages {
+        let now = Instant::now();
+        Stages {
+            t0: now,
+            last: (String::new(), now),
+            done: Vec::new(),
+        }
+    }
+
+    fn start(&mut self, name: &str) {
+        self.close();
+        eprintln!("[{:>6.1}s] {name}", self.t0.elapsed().as_secs_f64());
+        self.last = (name.to_string(), Instant::now());
+    }
+
+    fn close(&mut self) {
+        if !self.last.0.is_empty() {
+            let name = std::mem::take(&mut self.last.0);
+            self.done.push((name, self.last.1.elapsed().as_secs_f64()));
+        }
+    }
 }
 
 /// Where the evaluation report goes: next to the RL run.
@@ -76,9 +133,36 @@ pub fn report_dir(cfg: &Config) -> PathBuf {
     cfg.checkpoint.dir.join("eval")
 }
 
+/// `cfg` with the run's seed and output folder applied (see [`DemoOptions`]).
+pub fn configure(cfg: &Config, o: &DemoOptions) -> Config {
+    let mut cfg = cfg.clone();
+    if let Some(s) = o.seed {
+        cfg.train.seed = s;
+        cfg.sft.seed = s;
+    }
+    if let Some(dir) = &o.run_dir {
+        cfg.sft.trajectories = Some(dir.join("teacher.jsonl"));
+        cfg.sft.output = Some(dir.join("sft"));
+        cfg.checkpoint.dir = dir.join("rl");
+        if let Some(ws) = cfg.warm_start.as_mut() {
+            ws.tokenizer = dir.join("tokenizer");
+            if let Some(r) = ws.rft.as_mut() {
+                r.output = dir.join("rft");
+            }
+        }
+        // RL starts from the SFT checkpoint.
+        if let Some(m) = cfg.model.as_mut() {
+            m.source = mtrl_core::config::ModelSource::Dir(dir.join("sft"));
+            m.path_text = dir.join("sft").display().to_string();
+        }
+    }
+    cfg
+}
+
 /// Runs every stage of the default job on `cfg` (which must have `[warm_start]`).
 pub fn run(cfg: &Config, o: &DemoOptions) -> Result<DemoOutcome> {
-    let t0 = Instant::now();
+    let cfg = &configure(cfg, o);
+    let mut st = Stages::new();
     let ws = cfg.warm_start.clone().with_context(|| {
         format!(
             "{} has no [warm_start] section (the default job builds its policy from scratch)",
@@ -92,21 +176,56 @@ pub fn run(cfg: &Config, o: &DemoOptions) -> Result<DemoOutcome> {
             cfg.source.display()
         );
     }
-    eprintln!("mtrl: default job, config {}", cfg.source.display());
-    stage(t0, "1/7 task files");
+    eprintln!(
+        "mtrl: default job, config {} (seed {})",
+        cfg.source.display(),
+        cfg.train.seed
+    );
+    st.start("1/8 task files");
     task_files(cfg)?;
-    stage(t0, "2/7 search indexes");
+    st.start("2/8 search indexes");
     let (index, build) = setup::open_index(cfg, !o.progress)?;
     eprintln!("{build}");
     let index = Arc::new(index);
-    stage(t0, "3/7 teacher episodes");
-    let teacher = teacher(cfg, &ws, &index)?;
-    stage(t0, "4/7 tokenizer");
+    st.start("3/8 teacher episodes");
+    let sets = mtrl_env::TaskSets::load(cfg.data()?)?;
+    let train_tasks: Vec<_> = sets.train.iter().flat_map(|s| s.tasks.clone()).collect();
+    let teacher = teacher(cfg, &ws, &index, &train_tasks)?;
+    st.start("4/8 tokenizer");
     let tools = sft::tool_schemas(cfg, index.clone());
     warm_start::train_tokenizer(&ws, &index, &teacher, &tools, &ws.tokenizer)?;
-    stage(t0, "5/7 warm start (SFT)");
+    st.start("5/8 warm start (SFT)");
     let base = warm_start_sft(cfg, &ws, &tools, &teacher, o.progress)?;
-    stage(t0, "6/7 multi-turn RL");
+    st.start("6/8 RFT control");
+    let (rft_dir, rft_pool, rft_kept) = match &ws.rft {
+        Some(r) => {
+            let out = rft::run(
+                cfg,
+                &ws,
+                r,
+                index.clone(),
+                &tools,
+                &train_tasks,
+                &base,
+                rl_steps(cfg, o),
+                o.progress,
+            )?;
+            eprintln!(
+                "         {} of {} teacher episodes reach reward {} → {} steps → {}",
+                out.kept,
+                out.pool,
+                r.threshold,
+                out.steps,
+                out.dir.display()
+            );
+            (Some(out.dir), out.pool, out.kept)
+        }
+        None => {
+            eprintln!("         no [warm_start.rft] section: skipped");
+            (None, 0, 0)
+        }
+    };
+    st.start("7/8 multi-turn RL");
     let opts = TrainOptions {
         fresh: true,
         max_steps: o.max_steps,
@@ -122,16 +241,48 @@ pub fn run(cfg: &Config, o: &DemoOptions) -> Result<DemoOutcome> {
         s.wall_s,
         cfg.checkpoint.dir.display()
     );
-    stage(t0, "7/7 evaluation on held-out queries");
+    st.start(&format!("8/8 evaluation on the {} split", o.split.name()));
     let dir = report_dir(cfg);
-    let report = evaluation(cfg, &ws, index, base, o, &dir)?;
+    let eval = demo_eval::evaluate(
+        cfg,
+        &ws,
+        index,
+        &sets.validation,
+        demo_eval::Models { base, rft: rft_dir },
+        o,
+        &dir,
+    )?;
     let plots = mtrl_eval::plot::plot_run(&cfg.checkpoint.dir, &cfg.checkpoint.dir.join("plots"))?;
+    st.close();
+    let total_s = st.t0.elapsed().as_secs_f64();
+    let record = DemoRecord {
+        collection: cfg.name.clone(),
+        seed: cfg.train.seed,
+        split: o.split.name().to_string(),
+        teacher_best: eval.teacher_best.name(),
+        teacher_best_validation_reward: eval.teacher_best_reward,
+        rft_pool,
+        rft_kept,
+        stage_s: st.done,
+        total_s,
+    };
+    let path = dir.join("demo.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&record)?)
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(DemoOutcome {
-        report,
+        report: eval.report,
+        record,
         report_dir: dir,
         plots,
-        total_s: t0.elapsed().as_secs_f64(),
+        total_s,
     })
+}
+
+/// RL's optimizer steps in this run (the RFT control gets the same budget).
+fn rl_steps(cfg: &Config, o: &DemoOptions) -> usize {
+    o.max_steps
+        .map_or(cfg.train.max_steps, |m| m.min(cfg.train.max_steps))
+        .max(1) as usize
 }
 
 /// Stage 1: train / validation / test task files beside the first test file.
@@ -152,11 +303,10 @@ fn teacher(
     cfg: &Config,
     ws: &WarmStartConfig,
     index: &Arc<SearchIndex>,
+    train_tasks: &[mtrl_env::Task],
 ) -> Result<Vec<Trajectory>> {
-    let sets = mtrl_env::TaskSets::load(cfg.data()?)?;
-    let train_tasks: Vec<_> = sets.train.iter().flat_map(|s| s.tasks.clone()).collect();
     let teacher =
-        warm_start::teacher_episodes(cfg, ws, index.clone(), &train_tasks, cfg.train.seed)?;
+        warm_start::teacher_episodes(cfg, ws, index.clone(), train_tasks, cfg.train.seed)?;
     let path = cfg
         .sft
         .trajectories
@@ -164,17 +314,19 @@ fn teacher(
         .with_context(|| format!("{}: `sft.trajectories` is required", cfg.source.display()))?;
     warm_start::write_jsonl(&path, &teacher)?;
     let failed = teacher.iter().filter(|t| t.failure.is_some()).count();
+    let mean = teacher.iter().map(|t| t.reward).sum::<f64>() / teacher.len().max(1) as f64;
     eprintln!(
-        "         {} teacher episodes ({} failed on purpose) → {}",
+        "         {} teacher episodes (mean reward {mean:.4}, {failed} failed) → {}",
         teacher.len(),
-        failed,
         path.display()
     );
     Ok(teacher)
 }
 
 /// Stage 5: SFT of a seeded random policy of `[warm_start] model_config` on the teacher's
-/// episodes; returns the checkpoint folder (the "base" policy).
+/// episodes; returns the checkpoint folder (the "base" policy). The model's vocabulary grows to
+/// the trained tokenizer's (rounded up to 64) when the config's is smaller: the tokenizer holds
+/// one id per document, so its size follows the collection.
 fn warm_start_sft(
     cfg: &Config,
     ws: &WarmStartConfig,
@@ -184,7 +336,8 @@ fn warm_start_sft(
 ) -> Result<PathBuf> {
     let tok = Arc::new(Tokenizer::from_dir(&ws.tokenizer)?);
     let codec = TemplateCodec::qwen(tok.clone())?;
-    let model_cfg = mtrl_model::Config::from_file(&ws.model_config)?;
+    let mut model_cfg = mtrl_model::Config::from_file(&ws.model_config)?;
+    model_cfg.vocab_size = model_cfg.vocab_size.max(tok.vocab_size().div_ceil(64) * 64);
     let device = mtrl_model::parse_device("cpu")?;
     let f32 = candle_core::DType::F32;
     let policy = setup::seeded_random(model_cfg, f32, &device, cfg.train.seed)?;
@@ -210,46 +363,28 @@ fn warm_start_sft(
     Ok(out)
 }
 
-/// Stage 7: base vs tuned (the newest checkpoint) vs the scripted baselines on the test files.
-fn evaluation(
-    cfg: &Config,
-    ws: &WarmStartConfig,
-    index: Arc<SearchIndex>,
-    base: PathBuf,
-    o: &DemoOptions,
-    out: &Path,
-) -> Result<EvalReport> {
-    let mgr = mtrl_learner::CheckpointManager::new(&cfg.checkpoint.dir, cfg.checkpoint.keep_last);
-    let (latest, _) = mgr.latest_valid()?;
-    let tuned = latest
-        .with_context(|| format!("no checkpoint in {}", cfg.checkpoint.dir.display()))?
-        .join("policy");
-    let mut settings = EvalSettings::from_config(cfg, o.eval_k)?;
-    settings.tokenizer = Some(ws.tokenizer.clone());
-    let job = EvalJob {
-        env: cfg.env_or_default(),
-        index,
-        sets: prepare_test_sets(cfg, o.eval_limit)?,
-        contenders: vec![
-            Contender::ModelDir {
-                label: "base".into(),
-                dir: base,
-                adapter: None,
-            },
-            Contender::ModelDir {
-                label: "tuned".into(),
-                dir: tuned,
-                adapter: None,
-            },
-            Contender::Scripted(Baseline::Bm25Once),
-            Contender::Scripted(Baseline::VectorOnce),
-        ],
-        compare: vec![("tuned".into(), "base".into())],
-        settings,
-        agent: None,
-        progress: o
-            .progress
-            .then(|| Box::new(|m: &str| eprintln!("         {m}")) as mtrl_eval::ProgressFn),
-    };
-    Ok(crate::eval::run(cfg, job, out)?.report)
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    /// The lines of a config that are neither comments, nor paths, nor the name.
+    fn recipe(file: &str) -> Vec<String> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs");
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        let cfg = mtrl_core::Config::from_toml_str(&text, &root.join(file));
+        assert!(cfg.is_ok(), "{file}: {:?}", cfg.err());
+        text.lines()
+            .map(|l| l.split('#').next().unwrap().trim().to_string())
+            .filter(|l| !l.is_empty() && !l.contains("\"../") && !l.starts_with("name ="))
+            .collect()
+    }
+
+    #[test]
+    fn the_three_collections_run_one_recipe() {
+        let cranfield = recipe("demo.toml");
+        assert!(cranfield.len() > 40, "{cranfield:?}");
+        for other in ["demo-vaswani.toml", "demo-musique.toml"] {
+            assert_eq!(recipe(other), cranfield, "{other} differs beyond paths");
+        }
+    }
 }

@@ -24,15 +24,16 @@ use crate::error::{Context, Result};
 /// ChatML with a one-line-per-tool list (see the module docs).
 pub const COMPACT_CHAT_TEMPLATE: &str = r#"{%- if tools %}{{- '<|im_start|>system\n' }}{%- if messages[0].role == 'system' %}{{- messages[0].content + '\n' }}{%- endif %}{{- '# Tools\n' }}{%- for tool in tools %}{%- set f = tool.function if tool.function is defined else tool %}{{- '- ' + f.name + '(' + (f.parameters.properties | list | join(', ')) + ')\n' }}{%- endfor %}{{- '<|im_end|>\n' }}{%- else %}{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}{%- endif %}{%- endif %}{%- for message in messages %}{%- if message.role == 'system' %}{%- if not loop.first %}{{- '<|im_start|>system\n' + message.content + '<|im_end|>\n' }}{%- endif %}{%- elif message.role == 'user' %}{{- '<|im_start|>user\n' + message.content + '<|im_end|>\n' }}{%- elif message.role == 'assistant' %}{{- '<|im_start|>assistant\n' }}{%- if message.content is defined and message.content is string and message.content %}{{- message.content }}{%- elif message.tool_calls is defined and message.tool_calls %}{%- for tool_call in message.tool_calls %}{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}{%- if not loop.first %}{{- '\n' }}{%- endif %}{{- '<tool_call>\n{"name": "' + tool_call.name + '", "arguments": ' }}{%- if tool_call.arguments is string %}{{- tool_call.arguments }}{%- else %}{{- tool_call.arguments | tojson }}{%- endif %}{{- '}\n</tool_call>' }}{%- endfor %}{%- endif %}{{- '<|im_end|>\n' }}{%- elif message.role == 'tool' %}{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}{{- '\n<tool_response>\n' + message.content + '\n</tool_response>' }}{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"#;
 
-/// The teacher of `[warm_start]`; it uses the argument shortcuts `env` switches on.
+/// The teacher of `[warm_start]`: it explores the environment's ranges (`max_search_k`,
+/// `final_k`) and uses the argument shortcuts `env` switches on.
 pub fn teacher_spec(ws: &WarmStartConfig, env: &EnvConfig) -> TeacherSpec {
     TeacherSpec {
-        p_weak: ws.p_weak,
-        p_loop: ws.p_loop,
-        p_loop_trigger: ws.p_loop_trigger,
-        trigger_words: ws.trigger_words.clone(),
-        search_k: ws.search_k,
-        submit_k: ws.submit_k,
+        max_searches: ws.max_searches,
+        max_k: env.max_search_k,
+        final_k: env.final_k,
+        p_one_message: ws.p_one_message,
+        p_interleave: ws.p_interleave,
+        p_reorder: ws.p_reorder,
         keyword_queries: ws.keyword_queries,
         omit_query: env.default_query,
         submit_hits: env.submit_hits,

@@ -36,7 +36,7 @@ pub use search::{
     Bm25Config, Columns, EmbedderChoice, RetrievalEvalConfig, SearchConfig, SearchSpec, StopWords,
     VectorConfig,
 };
-pub use sft::{SftSettings, SftSpec, WarmStartConfig, WarmStartSpec};
+pub use sft::{RftConfig, RftSpec, SftSettings, SftSpec, WarmStartConfig, WarmStartSpec};
 pub use train::{LrScheduleKind, TrainConfig, TrainSpec, VAL_METRICS};
 
 use crate::error::{CoreError, Result};

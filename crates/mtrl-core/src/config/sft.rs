@@ -20,14 +20,17 @@
 //! tokenizer_vocab = 2048                # BPE trained on the corpus + teacher conversations
 //! teacher_samples = 4                   # teacher episodes per training task
 //! pseudo_queries = 600                  # extra teacher episodes on document titles
-//! p_weak = 0.6                          # teacher flaws: see mtrl-env's teacher
-//! p_loop = 0.1
-//! p_loop_trigger = 0.7
-//! trigger_words = ["what"]
-//! search_k = 5
-//! submit_k = 5
+//! max_searches = 2                      # the teacher's action space (mtrl-env's teacher):
+//! p_one_message = 0.5                   #   searches per episode, in one message or one per turn,
+//! p_interleave = 0.5                    #   round-robin across searches or rank order,
+//! p_reorder = 0.2                       #   reversed or shuffled submissions
 //! keyword_queries = true               # the teacher searches with content words only
 //! id_tokens = true                      # every document id is one token of the tokenizer
+//!
+//! [warm_start.rft]                      # the rejection-sampling control of the default job:
+//! threshold = 0.3                       #   SFT of the base on teacher episodes with reward ≥ this,
+//! lr = 1e-3                             #   as many episodes and steps as RL trains on
+//! output = "runs/rft"
 //! ```
 
 use std::path::PathBuf;
@@ -108,14 +111,31 @@ pub struct WarmStartSpec {
     pub tokenizer_vocab: Option<usize>,
     pub teacher_samples: Option<usize>,
     pub pseudo_queries: Option<usize>,
-    pub p_weak: Option<f64>,
-    pub p_loop: Option<f64>,
-    pub p_loop_trigger: Option<f64>,
-    pub trigger_words: Option<Vec<String>>,
-    pub search_k: Option<usize>,
-    pub submit_k: Option<usize>,
+    pub max_searches: Option<usize>,
+    pub p_one_message: Option<f64>,
+    pub p_interleave: Option<f64>,
+    pub p_reorder: Option<f64>,
     pub keyword_queries: Option<bool>,
     pub id_tokens: Option<bool>,
+    pub rft: Option<RftSpec>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RftSpec {
+    pub threshold: Option<f64>,
+    pub lr: Option<f64>,
+    pub output: Option<String>,
+}
+
+/// The default job's rejection-sampling fine-tuning control (`[warm_start.rft]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RftConfig {
+    /// Teacher episodes with reward ≥ this are kept.
+    pub threshold: f64,
+    pub lr: f64,
+    /// Where the RFT checkpoint is written.
+    pub output: PathBuf,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -125,14 +145,13 @@ pub struct WarmStartConfig {
     pub tokenizer_vocab: usize,
     pub teacher_samples: usize,
     pub pseudo_queries: usize,
-    pub p_weak: f64,
-    pub p_loop: f64,
-    pub p_loop_trigger: f64,
-    pub trigger_words: Vec<String>,
-    pub search_k: usize,
-    pub submit_k: usize,
+    pub max_searches: usize,
+    pub p_one_message: f64,
+    pub p_interleave: f64,
+    pub p_reorder: f64,
     pub keyword_queries: bool,
     pub id_tokens: bool,
+    pub rft: Option<RftConfig>,
 }
 
 impl WarmStartSpec {
@@ -150,6 +169,27 @@ impl WarmStartSpec {
         let tokenizer = self
             .tokenizer
             .ok_or_else(|| ctx.invalid("warm_start.tokenizer", "is required"))?;
+        let rft = match self.rft {
+            None => None,
+            Some(r) => {
+                let threshold = r.threshold.unwrap_or(0.3);
+                if !threshold.is_finite() {
+                    return Err(ctx.invalid("warm_start.rft.threshold", "must be a number"));
+                }
+                let lr = r.lr.unwrap_or(1e-3);
+                if lr.is_nan() || lr <= 0.0 || lr >= 1.0 {
+                    return Err(ctx.invalid("warm_start.rft.lr", format!("{lr} is outside (0, 1)")));
+                }
+                let output = r
+                    .output
+                    .ok_or_else(|| ctx.invalid("warm_start.rft.output", "is required"))?;
+                Some(RftConfig {
+                    threshold,
+                    lr,
+                    output: ctx.resolve(&output),
+                })
+            }
+        };
         Ok(WarmStartConfig {
             model_config: ctx.resolve(&model_config),
             tokenizer: ctx.resolve(&tokenizer),
@@ -166,14 +206,18 @@ impl WarmStartSpec {
                 1000,
             )?,
             pseudo_queries: self.pseudo_queries.unwrap_or(0),
-            p_weak: prob("warm_start.p_weak", self.p_weak, 0.6)?,
-            p_loop: prob("warm_start.p_loop", self.p_loop, 0.1)?,
-            p_loop_trigger: prob("warm_start.p_loop_trigger", self.p_loop_trigger, 0.7)?,
-            trigger_words: self.trigger_words.unwrap_or_else(|| vec!["what".into()]),
-            search_k: ctx.range("warm_start.search_k", self.search_k.unwrap_or(5), 1, 1000)?,
-            submit_k: ctx.range("warm_start.submit_k", self.submit_k.unwrap_or(5), 1, 1000)?,
+            max_searches: ctx.range(
+                "warm_start.max_searches",
+                self.max_searches.unwrap_or(2),
+                1,
+                100,
+            )?,
+            p_one_message: prob("warm_start.p_one_message", self.p_one_message, 0.5)?,
+            p_interleave: prob("warm_start.p_interleave", self.p_interleave, 0.5)?,
+            p_reorder: prob("warm_start.p_reorder", self.p_reorder, 0.2)?,
             keyword_queries: self.keyword_queries.unwrap_or(true),
             id_tokens: self.id_tokens.unwrap_or(true),
+            rft,
         })
     }
 }

@@ -97,6 +97,15 @@ impl SearchTool {
         self
     }
 
+    /// The same tool over `f(retriever)` (e.g. a memoizing wrapper).
+    pub fn map_retriever(
+        mut self,
+        f: impl FnOnce(Arc<dyn Retriever>) -> Arc<dyn Retriever>,
+    ) -> Self {
+        self.retriever = f(self.retriever);
+        self
+    }
+
     /// `bm25_search` over the index's BM25 retriever.
     pub fn bm25(index: Arc<SearchIndex>, default_k: usize, max_k: usize, words: usize) -> Self {
         let r = IndexRetriever {

@@ -29,7 +29,7 @@ impl SubmitTool {
         }
     }
 
-    /// Lists `hits` (ranks into the last search's results) in the schema; the environment
+    /// Lists `hits` (ranks into the episode's search results, numbered in call order) in the schema; the environment
     /// resolves them into `doc_ids` (`env.submit_hits`, see [`crate::shortcuts`]).
     pub fn with_hits(mut self, hits: bool) -> SubmitTool {
         self.hits = hits;
@@ -81,7 +81,7 @@ impl Tool for SubmitTool {
             properties["hits"] = json!({
                 "type": "array",
                 "items": {"type": "integer"},
-                "description": "Instead of doc_ids: 1-based ranks in the last search's results, most relevant first.",
+                "description": "Instead of doc_ids: 1-based ranks of the hits shown so far (every search numbered in order, the second continuing after the first), most relevant first.",
             });
             required = json!([]);
         }

@@ -1,0 +1,143 @@
+//! The default job's last stage: base (SFT) vs the RFT control vs tuned (RL) vs every scripted
+//! baseline on a held-out split, with the strategies they play.
+//!
+//! Contenders: `base`, `rft`, `tuned`, `bm25-once`, `vector-once`, `hybrid-rrf` and
+//! `teacher-best` — the best fixed strategy the teacher knows ([`mtrl_env::best_fixed`]), chosen
+//! on the **validation** split whatever split is evaluated. Comparisons: tuned − base,
+//! tuned − rft and tuned − teacher-best, each with the paired bootstrap interval of the nDCG@10
+//! difference. The report is `eval.{md,json,csv}` plus `strategy.md` (tools, searches, k, hits
+//! and turns of every contender, greedy and sampled).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use mtrl_core::config::WarmStartConfig;
+use mtrl_core::Config;
+use mtrl_env::{Baseline, Strategy, Task};
+use mtrl_eval::{prepare_test_sets, Contender, EvalJob, EvalReport, EvalSettings};
+use mtrl_search::SearchIndex;
+
+use crate::demo::DemoOptions;
+use crate::error::{Context, Result};
+use crate::warm_start;
+
+/// The held-out split of the final evaluation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    Test,
+    /// For choosing settings: the test split stays unseen.
+    Validation,
+}
+
+impl Split {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Split::Test => "test",
+            Split::Validation => "validation",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Split> {
+        match s {
+            "test" => Some(Split::Test),
+            "validation" => Some(Split::Validation),
+            _ => None,
+        }
+    }
+}
+
+/// The checkpoints to evaluate besides the newest RL one.
+pub struct Models {
+    pub base: PathBuf,
+    pub rft: Option<PathBuf>,
+}
+
+/// The report and the teacher-best baseline it used.
+pub struct DemoEval {
+    pub report: EvalReport,
+    pub teacher_best: Strategy,
+    /// Its mean reward on the validation split.
+    pub teacher_best_reward: f64,
+}
+
+/// Runs the evaluation (see the module docs) and writes the report into `out`.
+pub fn evaluate(
+    cfg: &Config,
+    ws: &WarmStartConfig,
+    index: Arc<SearchIndex>,
+    validation: &[Task],
+    models: Models,
+    o: &DemoOptions,
+    out: &Path,
+) -> Result<DemoEval> {
+    let env = cfg.env_or_default();
+    if validation.is_empty() {
+        crate::bail!(
+            "{}: the validation split is empty, and the teacher-best baseline is chosen on it",
+            cfg.source.display()
+        );
+    }
+    let spec = warm_start::teacher_spec(ws, &env);
+    let (best, best_reward) = mtrl_env::best_fixed(&env, index.clone(), &spec, validation)?;
+    eprintln!(
+        "         teacher-best (on validation, mean reward {best_reward:.4}): {}",
+        best.name()
+    );
+    let mgr = mtrl_learner::CheckpointManager::new(&cfg.checkpoint.dir, cfg.checkpoint.keep_last);
+    let (latest, _) = mgr.latest_valid()?;
+    let tuned = latest
+        .with_context(|| format!("no checkpoint in {}", cfg.checkpoint.dir.display()))?
+        .join("policy");
+    let mut settings = EvalSettings::from_config(cfg, o.eval_k)?;
+    settings.tokenizer = Some(ws.tokenizer.clone());
+    let sets = match o.split {
+        Split::Test => prepare_test_sets(cfg, o.eval_limit)?,
+        Split::Validation => {
+            let mut v = cfg.clone();
+            if let Some(d) = v.data.as_mut() {
+                d.test = d.validation.clone();
+            }
+            prepare_test_sets(&v, o.eval_limit)?
+        }
+    };
+    let model = |label: &str, dir: PathBuf| Contender::ModelDir {
+        label: label.into(),
+        dir,
+        adapter: None,
+    };
+    let mut contenders = vec![model("base", models.base)];
+    let mut compare = vec![("tuned".to_string(), "base".to_string())];
+    if let Some(r) = models.rft {
+        contenders.push(model("rft", r));
+        compare.push(("tuned".into(), "rft".into()));
+    }
+    contenders.push(model("tuned", tuned));
+    contenders.extend(Baseline::ALL.map(Contender::Scripted));
+    contenders.push(Contender::Strategy {
+        label: "teacher-best".into(),
+        strategy: best.clone(),
+        spec,
+    });
+    compare.push(("tuned".into(), "teacher-best".into()));
+    let job = EvalJob {
+        env,
+        index,
+        sets,
+        contenders,
+        compare,
+        settings,
+        agent: None,
+        progress: o
+            .progress
+            .then(|| Box::new(|m: &str| eprintln!("         {m}")) as mtrl_eval::ProgressFn),
+    };
+    let report = crate::eval::run(cfg, job, out)?.report;
+    let path = out.join("strategy.md");
+    std::fs::write(&path, report.strategy_markdown())
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(DemoEval {
+        report,
+        teacher_best: best,
+        teacher_best_reward: best_reward,
+    })
+}

@@ -1,0 +1,275 @@
+//! `mtrl demo-table DIR…`: the default job's results over seeds and collections, from the
+//! `demo.json` + `eval.json` of each run folder (`mtrl demo --run-dir DIR --seed S`).
+//!
+//! Per collection and contender: mean ± sd over seeds (sample sd, n − 1) of greedy nDCG@10, the
+//! mean reward of sampled attempts, the failure rate and turns. Per comparison (tuned − base,
+//! tuned − rft, tuned − teacher-best, tuned − each scripted baseline): the paired bootstrap
+//! interval over **queries**, each query's difference first averaged over the seeds (the seeds
+//! are not independent draws of queries); per collection and pooled over every query of every
+//! collection, for greedy nDCG@10 and for the sampled reward.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use mtrl_eval::bootstrap::{paired_bootstrap, Interval, DEFAULT_RESAMPLES};
+use mtrl_eval::strategy::StrategyStats;
+use mtrl_eval::{EvalReport, ModelRun};
+
+use crate::bail;
+
+/// `writeln!` into a `String` (which cannot fail).
+macro_rules! w {
+    ($($t:tt)*) => {
+        let _ = writeln!($($t)*);
+    };
+}
+use crate::demo::DemoRecord;
+use crate::error::{Context, Result};
+
+/// One run folder's record and report.
+pub struct SeedRun {
+    pub dir: PathBuf,
+    pub record: DemoRecord,
+    pub report: EvalReport,
+}
+
+/// Reads `DIR/rl/eval/{demo,eval}.json`.
+pub fn read_run(dir: &Path) -> Result<SeedRun> {
+    let eval = dir.join("rl/eval");
+    let read = |name: &str| -> Result<String> {
+        let p = eval.join(name);
+        std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))
+    };
+    let record: DemoRecord = serde_json::from_str(&read("demo.json")?)
+        .with_context(|| format!("{}: not a demo record", eval.join("demo.json").display()))?;
+    let report: EvalReport = serde_json::from_str(&read("eval.json")?).with_context(|| {
+        format!(
+            "{}: not an evaluation report",
+            eval.join("eval.json").display()
+        )
+    })?;
+    if report.datasets.len() != 1 {
+        bail!(
+            "{}: expected one benchmark, found {}",
+            eval.join("eval.json").display(),
+            report.datasets.len()
+        );
+    }
+    Ok(SeedRun {
+        dir: dir.to_path_buf(),
+        record,
+        report,
+    })
+}
+
+fn mean_sd(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    let m = v.iter().sum::<f64>() / n.max(1.0);
+    let sd = if v.len() < 2 {
+        0.0
+    } else {
+        (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
+    };
+    (m, sd)
+}
+
+fn pm(v: &[f64], prec: usize) -> String {
+    let (m, sd) = mean_sd(v);
+    format!("{m:.prec$} ± {sd:.prec$}")
+}
+
+fn interval(i: &Interval) -> String {
+    format!("{:+.4} [{:+.4}, {:+.4}]", i.diff, i.low, i.high)
+}
+
+/// Per query (in file order), the seed-mean of `f` of the run labelled `label`.
+fn per_query(runs: &[&SeedRun], label: &str, f: fn(&ModelRun, usize) -> f64) -> Result<Vec<f64>> {
+    let mut sum: Vec<f64> = Vec::new();
+    for r in runs {
+        let d = &r.report.datasets[0];
+        let run = d
+            .run(label)
+            .with_context(|| format!("{}: no `{label}` run", r.dir.display()))?;
+        if sum.is_empty() {
+            sum = vec![0.0; run.tasks.len()];
+        }
+        if run.tasks.len() != sum.len() {
+            bail!(
+                "{}: a different number of queries than the other seeds",
+                r.dir.display()
+            );
+        }
+        for (i, s) in sum.iter_mut().enumerate() {
+            *s += f(run, i);
+        }
+    }
+    Ok(sum.iter().map(|s| s / runs.len() as f64).collect())
+}
+
+fn ndcg(r: &ModelRun, i: usize) -> f64 {
+    r.tasks[i].ndcg_at_10
+}
+
+fn sampled(r: &ModelRun, i: usize) -> f64 {
+    r.tasks[i].sampled_reward.unwrap_or(r.tasks[i].reward)
+}
+
+/// The Markdown tables (see the module docs).
+pub fn table(runs: &[SeedRun]) -> Result<String> {
+    if runs.is_empty() {
+        bail!("no run folders given");
+    }
+    let mut by: BTreeMap<String, Vec<&SeedRun>> = BTreeMap::new();
+    for r in runs {
+        by.entry(r.record.collection.clone()).or_default().push(r);
+    }
+    let mut out = String::new();
+    let splits: Vec<&str> = runs.iter().map(|r| r.record.split.as_str()).collect();
+    w!(
+        out,
+        "Split: {}. Mean ± sd over seeds; reward~ = mean reward of the sampled attempts.\n",
+        splits[0]
+    );
+    w!(
+        out,
+        "| collection | queries | seeds | model | ndcg@10 | reward~ | fail_rate | turns |"
+    );
+    w!(out, "|---|---:|---:|---|---:|---:|---:|---:|");
+    let labels: Vec<String> = runs[0].report.datasets[0]
+        .runs
+        .iter()
+        .map(|r| r.label.clone())
+        .collect();
+    for (c, rs) in &by {
+        let n = rs[0].report.datasets[0].size;
+        for label in &labels {
+            let pick = |f: fn(&ModelRun) -> f64| -> Result<Vec<f64>> {
+                rs.iter()
+                    .map(|r| {
+                        r.report.datasets[0]
+                            .run(label)
+                            .map(f)
+                            .with_context(|| format!("{}: no `{label}` run", r.dir.display()))
+                    })
+                    .collect()
+            };
+            w!(
+                out,
+                "| {c} | {n} | {} | {label} | {} | {} | {} | {} |",
+                rs.len(),
+                pm(&pick(|r| r.summary.ndcg_at_10)?, 4),
+                pm(
+                    &pick(|r| r.summary.sampled_reward.unwrap_or(r.summary.reward))?,
+                    4
+                ),
+                pm(&pick(|r| r.summary.fail_rate)?, 3),
+                pm(&pick(|r| r.summary.turns)?, 2),
+            );
+        }
+    }
+    w!(
+        out,
+        "\nPaired bootstrap 95 % intervals over queries (each query's difference averaged over \
+         its seeds; {DEFAULT_RESAMPLES} resamples):\n"
+    );
+    w!(
+        out,
+        "| comparison | collection | queries | Δ ndcg@10 | Δ reward~ |"
+    );
+    w!(out, "|---|---|---:|---:|---:|");
+    let others: Vec<&String> = labels.iter().filter(|l| *l != "tuned").collect();
+    for b in others {
+        let (mut pa, mut pb, mut sa, mut sb) = (vec![], vec![], vec![], vec![]);
+        for (c, rs) in &by {
+            let (a1, b1) = (per_query(rs, "tuned", ndcg)?, per_query(rs, b, ndcg)?);
+            let (a2, b2) = (per_query(rs, "tuned", sampled)?, per_query(rs, b, sampled)?);
+            let i1 = paired_bootstrap(&a1, &b1, DEFAULT_RESAMPLES, 0.95, 0)?;
+            let i2 = paired_bootstrap(&a2, &b2, DEFAULT_RESAMPLES, 0.95, 0)?;
+            w!(
+                out,
+                "| tuned − {b} | {c} | {} | {} | {} |",
+                a1.len(),
+                interval(&i1),
+                interval(&i2)
+            );
+            pa.extend(a1);
+            pb.extend(b1);
+            sa.extend(a2);
+            sb.extend(b2);
+        }
+        if by.len() > 1 {
+            let i1 = paired_bootstrap(&pa, &pb, DEFAULT_RESAMPLES, 0.95, 0)?;
+            let i2 = paired_bootstrap(&sa, &sb, DEFAULT_RESAMPLES, 0.95, 0)?;
+            w!(
+                out,
+                "| tuned − {b} | **pooled** | {} | {} | {} |",
+                pa.len(),
+                interval(&i1),
+                interval(&i2)
+            );
+        }
+    }
+    w!(
+        out,
+        "\nWhat the policies do (means over seeds of the per-run means; greedy / sampled):\n"
+    );
+    w!(
+        out,
+        "| collection | model | searches | bm25 share | both tools | mean k | hits submitted | turns |"
+    );
+    w!(out, "|---|---|---:|---:|---:|---:|---:|---:|");
+    for (c, rs) in &by {
+        for label in labels
+            .iter()
+            .filter(|l| matches!(l.as_str(), "base" | "rft" | "tuned"))
+        {
+            let stats = |sampled: bool| -> Vec<StrategyStats> {
+                rs.iter()
+                    .filter_map(|r| r.report.datasets[0].run(label))
+                    .filter_map(|m| {
+                        if sampled {
+                            m.sampled_strategy.clone()
+                        } else {
+                            m.strategy.clone()
+                        }
+                    })
+                    .collect()
+            };
+            let (g, sm) = (stats(false), stats(true));
+            let cell = |f: fn(&StrategyStats) -> f64, prec: usize| {
+                let m = |v: &[StrategyStats]| v.iter().map(f).sum::<f64>() / v.len().max(1) as f64;
+                if sm.is_empty() {
+                    format!("{:.prec$}", m(&g))
+                } else {
+                    format!("{:.prec$} / {:.prec$}", m(&g), m(&sm))
+                }
+            };
+            w!(
+                out,
+                "| {c} | {label} | {} | {} | {} | {} | {} | {} |",
+                cell(|s| s.searches, 2),
+                cell(|s| s.bm25_share, 2),
+                cell(|s| s.both_tools, 2),
+                cell(|s| s.mean_k, 1),
+                cell(|s| s.hits_submitted, 1),
+                cell(|s| s.turns, 2)
+            );
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mean_and_sample_sd() {
+        let (m, sd) = mean_sd(&[1.0, 2.0, 3.0]);
+        assert_eq!(m, 2.0);
+        assert!((sd - 1.0).abs() < 1e-12);
+        assert_eq!(mean_sd(&[4.0]), (4.0, 0.0));
+        assert_eq!(pm(&[1.0, 3.0], 2), "2.00 ± 1.41");
+    }
+}
