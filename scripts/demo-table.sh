@@ -4,7 +4,7 @@
 # seeds, bootstrap intervals per collection and pooled). Usage:
 #   scripts/demo-table.sh [test|validation] [seeds...]     (default: test 0 1 2)
 # Runs go to runs/table-<split>/<collection>-s<seed>/; the table to runs/table-<split>/table.md.
-# Release build; ~5-10 minutes per run on 2 cores.
+# COLLECTIONS="vaswani musique" runs a subset. Release build; ~5-10 minutes per run on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 split="${1:-test}"
@@ -15,7 +15,7 @@ cargo build --release --quiet
 out="runs/table-$split"
 mkdir -p "$out"
 dirs=()
-for c in cranfield vaswani musique; do
+for c in ${COLLECTIONS:-cranfield vaswani musique}; do
   case $c in
     cranfield) cfg=configs/demo.toml ;;
     *) cfg=configs/demo-$c.toml ;;

@@ -51,7 +51,7 @@ fn eval_reports_policies_and_baselines_and_refuses_bad_input() {
     assert!(ok, "{err}");
     assert!(
         stdout.contains(
-            "| benchmark | size | model | ndcg@10 | fail_rate | turns | pass@2 | reward | tokens/task | s/task |"
+            "| benchmark | size | model | ndcg@10 | fail_rate | turns | pass@2 | reward | reward~ | tokens/task | s/task |"
         ),
         "{stdout}"
     );

@@ -126,11 +126,10 @@ pub fn run(args: &DemoArgs) -> Result<()> {
 }
 
 pub fn table(args: &DemoTableArgs) -> Result<()> {
-    let runs = args
-        .dirs
-        .iter()
-        .map(|d| mtrl_train::demo_table::read_run(d))
-        .collect::<mtrl_train::Result<Vec<_>>>()?;
+    let mut runs = Vec::with_capacity(args.dirs.len());
+    for d in &args.dirs {
+        runs.push(mtrl_train::demo_table::read_run(d)?);
+    }
     print!("{}", mtrl_train::demo_table::table(&runs)?);
     Ok(())
 }

@@ -338,6 +338,8 @@ fn warm_start_sft(
     let codec = TemplateCodec::qwen(tok.clone())?;
     let mut model_cfg = mtrl_model::Config::from_file(&ws.model_config)?;
     model_cfg.vocab_size = model_cfg.vocab_size.max(tok.vocab_size().div_ceil(64) * 64);
+    // The saved config.json is written from `raw`.
+    model_cfg.raw["vocab_size"] = model_cfg.vocab_size.into();
     let device = mtrl_model::parse_device("cpu")?;
     let f32 = candle_core::DType::F32;
     let policy = setup::seeded_random(model_cfg, f32, &device, cfg.train.seed)?;
