@@ -18,11 +18,9 @@ use mtrl_search::{Hit, Retriever, SearchIndex};
 use crate::env::run_episode;
 use crate::error::Result;
 use crate::reward;
-use crate::search_env::SearchEnv;
+use crate::search_env::{standard_tools_over, SearchEnv};
 use crate::task::Task;
-use crate::teacher::{FixedStrategy, Order, Strategy, TeacherSpec};
-use crate::tool::Tool;
-use crate::tools::{SearchTool, SubmitTool};
+use crate::teacher::{FixedStrategy, Reorder, Strategy, TeacherSpec};
 
 /// A retriever that remembers every (query, k) it answered.
 struct Memo {
@@ -51,24 +49,25 @@ impl Retriever for Memo {
 
 /// The candidate strategies (see the module docs).
 pub fn candidates(spec: &TeacherSpec) -> Vec<Strategy> {
-    let one = |searches: Vec<(String, usize)>, order: Order| Strategy {
+    let one = |searches: Vec<(String, usize)>, interleave: bool| Strategy {
         searches,
         one_message: true,
-        order,
+        interleave,
+        reorder: Reorder::None,
         submit: spec.final_k,
     };
     let mut out: Vec<Strategy> = spec
         .tools
         .iter()
-        .map(|t| one(vec![(t.clone(), spec.max_k)], Order::Ranked))
+        .map(|t| one(vec![(t.clone(), spec.max_k)], false))
         .collect();
     for a in &spec.tools {
         for b in spec.tools.iter().filter(|b| *b != a) {
             for k1 in 1..=spec.max_k {
                 for k2 in 1..=spec.max_k {
                     let s = vec![(a.clone(), k1), (b.clone(), k2)];
-                    out.push(one(s.clone(), Order::Ranked));
-                    out.push(one(s, Order::Interleaved));
+                    out.push(one(s.clone(), false));
+                    out.push(one(s, true));
                 }
             }
         }
@@ -90,24 +89,7 @@ pub fn best_fixed(
             seen: Mutex::new(HashMap::new()),
         })
     };
-    let k = cfg.final_k.min(cfg.max_search_k);
-    let tools: Vec<Arc<dyn Tool>> = vec![
-        Arc::new(
-            SearchTool::bm25(index.clone(), k, cfg.max_search_k, cfg.snippet_words)
-                .with_format(cfg.hits)
-                .with_optional_query(cfg.default_query)
-                .map_retriever(memo),
-        ),
-        Arc::new(
-            SearchTool::vector(index.clone(), k, cfg.max_search_k, cfg.snippet_words)
-                .with_format(cfg.hits)
-                .with_optional_query(cfg.default_query)
-                .map_retriever(memo),
-        ),
-        Arc::new(
-            SubmitTool::new(cfg.final_k, Some(index.corpus().clone())).with_hits(cfg.submit_hits),
-        ),
-    ];
+    let tools = standard_tools_over(cfg, index, memo);
     let reward = Arc::from(reward::from_choice(&cfg.reward));
     let mut env = SearchEnv::new(cfg.clone(), tools, reward)?;
     let mut best: Option<(Strategy, f64)> = None;

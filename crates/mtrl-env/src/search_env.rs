@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use mtrl_core::trajectory::ToolCallRecord;
 use mtrl_core::{ChatCodec, EnvConfig, FailureReason, Message, Role, Trajectory};
-use mtrl_search::SearchIndex;
+use mtrl_search::{Retriever, SearchIndex};
 use serde_json::Value;
 
 use crate::env::{Action, Environment, Observation, Step};
@@ -202,17 +202,28 @@ impl SearchEnv {
 
 /// `bm25_search`, `vector_search` and `submit` as configured.
 pub fn standard_tools(cfg: &EnvConfig, index: Arc<SearchIndex>) -> Vec<Arc<dyn Tool>> {
+    standard_tools_over(cfg, index, |r| r)
+}
+
+/// [`standard_tools`] with each search tool's retriever passed through `wrap` (e.g. a memo).
+pub fn standard_tools_over(
+    cfg: &EnvConfig,
+    index: Arc<SearchIndex>,
+    wrap: impl Fn(Arc<dyn Retriever>) -> Arc<dyn Retriever>,
+) -> Vec<Arc<dyn Tool>> {
     let k = cfg.final_k.min(cfg.max_search_k);
     vec![
         Arc::new(
             SearchTool::bm25(index.clone(), k, cfg.max_search_k, cfg.snippet_words)
                 .with_format(cfg.hits)
-                .with_optional_query(cfg.default_query),
+                .with_optional_query(cfg.default_query)
+                .map_retriever(&wrap),
         ),
         Arc::new(
             SearchTool::vector(index.clone(), k, cfg.max_search_k, cfg.snippet_words)
                 .with_format(cfg.hits)
-                .with_optional_query(cfg.default_query),
+                .with_optional_query(cfg.default_query)
+                .map_retriever(&wrap),
         ),
         Arc::new(
             SubmitTool::new(cfg.final_k, Some(index.corpus().clone())).with_hits(cfg.submit_hits),

@@ -72,17 +72,13 @@ impl Default for TeacherSpec {
     }
 }
 
-/// How the submitted list is ordered.
+/// What is done to the submitted list after ordering it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Order {
-    /// The searches' hits concatenated, each in rank order.
-    Ranked,
-    /// Round-robin across the searches: 1st of each, then 2nd of each, …
-    Interleaved,
-    /// `Ranked` or `Interleaved` (per `interleave`), reversed.
-    Reversed { interleave: bool },
-    /// `Ranked` or `Interleaved`, shuffled with this seed.
-    Shuffled { interleave: bool, seed: u64 },
+pub enum Reorder {
+    None,
+    Reversed,
+    /// Shuffled with this seed.
+    Shuffled(u64),
 }
 
 /// One episode's plan.
@@ -91,7 +87,10 @@ pub struct Strategy {
     /// (tool, k) of each search, in order.
     pub searches: Vec<(String, usize)>,
     pub one_message: bool,
-    pub order: Order,
+    /// Round-robin across the searches (1st of each, then 2nd of each, …), else their hits
+    /// concatenated in rank order.
+    pub interleave: bool,
+    pub reorder: Reorder,
     /// Hits submitted (fewer when the searches returned fewer).
     pub submit: usize,
 }
@@ -109,47 +108,42 @@ impl Strategy {
             .collect();
         let one_message = rng.next_f64() < spec.p_one_message;
         let interleave = n > 1 && rng.next_f64() < spec.p_interleave;
-        let order = if rng.next_f64() < spec.p_reorder {
-            if rng.next_f64() < 0.5 {
-                Order::Reversed { interleave }
-            } else {
-                Order::Shuffled {
-                    interleave,
-                    seed: rng.next_u64(),
-                }
-            }
-        } else if interleave {
-            Order::Interleaved
+        let reorder = if rng.next_f64() >= spec.p_reorder {
+            Reorder::None
+        } else if rng.next_f64() < 0.5 {
+            Reorder::Reversed
         } else {
-            Order::Ranked
+            Reorder::Shuffled(rng.next_u64())
         };
         // Drawn here, capped by the hits actually seen when submitting.
         let submit = 1 + rng.below(spec.final_k.max(1));
         Strategy {
             searches,
             one_message,
-            order,
+            interleave,
+            reorder,
             submit,
         }
     }
 
-    /// A short name, e.g. `bm25:10+vector:5 interleaved top10`.
+    /// A short name, e.g. `bm25:10+vector:5 interleaved top10`, `vector:3 ranked reversed top2`.
     pub fn name(&self) -> String {
         let tools: Vec<String> = self
             .searches
             .iter()
             .map(|(t, k)| format!("{}:{k}", t.trim_end_matches("_search")))
             .collect();
-        let order = match self.order {
-            Order::Ranked => "ranked".to_string(),
-            Order::Interleaved => "interleaved".to_string(),
-            Order::Reversed { interleave } => {
-                format!("{}reversed", ["", "interleaved "][interleave as usize])
-            }
-            Order::Shuffled { interleave, .. } => {
-                format!("{}shuffled", ["", "interleaved "][interleave as usize])
-            }
-        };
+        let mut order = if self.interleave {
+            "interleaved"
+        } else {
+            "ranked"
+        }
+        .to_string();
+        match self.reorder {
+            Reorder::None => {}
+            Reorder::Reversed => order.push_str(" reversed"),
+            Reorder::Shuffled(_) => order.push_str(" shuffled"),
+        }
         format!("{} {order} top{}", tools.join("+"), self.submit)
     }
 
@@ -161,16 +155,7 @@ impl Strategy {
             offsets.push(total);
             total += l;
         }
-        let interleave = matches!(
-            self.order,
-            Order::Interleaved
-                | Order::Reversed { interleave: true }
-                | Order::Shuffled {
-                    interleave: true,
-                    ..
-                }
-        );
-        let mut ranks: Vec<usize> = if interleave {
+        let mut ranks: Vec<usize> = if self.interleave {
             let longest = lens.iter().copied().max().unwrap_or(0);
             (0..longest)
                 .flat_map(|i| {
@@ -183,15 +168,15 @@ impl Strategy {
         } else {
             (1..=total).collect()
         };
-        match self.order {
-            Order::Reversed { .. } => ranks.reverse(),
-            Order::Shuffled { seed, .. } => {
+        match self.reorder {
+            Reorder::None => {}
+            Reorder::Reversed => ranks.reverse(),
+            Reorder::Shuffled(seed) => {
                 let mut rng = SplitMix64(seed);
                 for i in (1..ranks.len()).rev() {
                     ranks.swap(i, rng.below(i + 1));
                 }
             }
-            _ => {}
         }
         ranks.truncate(self.submit);
         ranks
@@ -336,11 +321,12 @@ mod tests {
         assert_eq!(keywords("what is ."), "what is .");
     }
 
-    fn strategy(order: Order, submit: usize) -> Strategy {
+    fn strategy(interleave: bool, reorder: Reorder, submit: usize) -> Strategy {
         Strategy {
             searches: vec![("bm25_search".into(), 3), ("vector_search".into(), 2)],
             one_message: true,
-            order,
+            interleave,
+            reorder,
             submit,
         }
     }
@@ -349,32 +335,25 @@ mod tests {
     fn ranks_number_every_search_in_order() {
         let lens = [3, 2];
         assert_eq!(
-            strategy(Order::Ranked, 10).ranks(&lens),
+            strategy(false, Reorder::None, 10).ranks(&lens),
             vec![1, 2, 3, 4, 5]
         );
-        assert_eq!(strategy(Order::Ranked, 2).ranks(&lens), vec![1, 2]);
+        assert_eq!(strategy(false, Reorder::None, 2).ranks(&lens), vec![1, 2]);
         assert_eq!(
-            strategy(Order::Interleaved, 10).ranks(&lens),
+            strategy(true, Reorder::None, 10).ranks(&lens),
             vec![1, 4, 2, 5, 3]
         );
         assert_eq!(
-            strategy(Order::Reversed { interleave: true }, 3).ranks(&lens),
+            strategy(true, Reorder::Reversed, 3).ranks(&lens),
             vec![3, 5, 2]
         );
-        let mut shuffled = strategy(
-            Order::Shuffled {
-                interleave: false,
-                seed: 9,
-            },
-            10,
-        )
-        .ranks(&lens);
+        let mut shuffled = strategy(false, Reorder::Shuffled(9), 10).ranks(&lens);
         assert_ne!(shuffled, vec![1, 2, 3, 4, 5]);
         shuffled.sort();
         assert_eq!(shuffled, vec![1, 2, 3, 4, 5]);
         // A search that returned fewer hits shifts the numbering.
         assert_eq!(
-            strategy(Order::Interleaved, 10).ranks(&[1, 2]),
+            strategy(true, Reorder::None, 10).ranks(&[1, 2]),
             vec![1, 2, 3]
         );
     }
@@ -422,7 +401,7 @@ mod tests {
             ..spec.clone()
         };
         assert_eq!(share(&separate, |s| s.one_message), 0.0);
-        let interleaved = |s: &Strategy| s.order == Order::Interleaved;
+        let interleaved = |s: &Strategy| s.interleave && s.reorder == Reorder::None;
         let always = TeacherSpec {
             p_interleave: 1.0,
             p_reorder: 0.0,
@@ -435,8 +414,7 @@ mod tests {
             ..spec.clone()
         };
         assert_eq!(share(&never, interleaved), 0.0);
-        let reordered =
-            |s: &Strategy| matches!(s.order, Order::Reversed { .. } | Order::Shuffled { .. });
+        let reordered = |s: &Strategy| s.reorder != Reorder::None;
         assert!((share(&spec, reordered) - 0.2).abs() < 0.03);
         let no_reorder = TeacherSpec {
             p_reorder: 0.0,

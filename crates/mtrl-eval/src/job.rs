@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device};
 use mtrl_core::{ChatCodec, Config, EnvConfig};
-use mtrl_env::{Baseline, FixedStrategy, Strategy, TeacherSpec};
+use mtrl_env::{Agent, Baseline, FixedStrategy, ScriptedAgent, Strategy, TeacherSpec};
 use mtrl_model::{Policy, SamplingParams, TemplateCodec, Tokenizer};
 use mtrl_search::SearchIndex;
 
@@ -26,7 +26,7 @@ use crate::report::{
     Comparison, DatasetReport, EvalReport, ModelRun, PassCriterion, RunKind, SamplingInfo, Summary,
     TaskResult, REPORT_FORMAT_VERSION,
 };
-use crate::runner::{run_agent, run_policy, run_scripted, Episodes, PolicyRun};
+use crate::runner::{run_agent, run_policy, Episodes, PolicyRun};
 use crate::strategy::StrategyStats;
 use crate::tasks::{load_test_sets, TestSet};
 
@@ -339,25 +339,33 @@ pub fn evaluate(job: EvalJob) -> Result<EvalReport> {
     let mut runs: Vec<Vec<ModelRun>> = job.sets.iter().map(|_| Vec::new()).collect();
     for c in job.contenders {
         let label = c.label().to_string();
+        // Deterministic text-mode agents: one episode per task.
+        let text: Option<(Box<dyn Agent>, String)> = match &c {
+            Contender::Scripted(b) => Some((
+                Box::new(ScriptedAgent::new(
+                    *b,
+                    job.env.final_k,
+                    job.env.max_search_k,
+                )),
+                b.name().to_string(),
+            )),
+            Contender::Strategy { strategy, spec, .. } => Some((
+                Box::new(FixedStrategy::new(strategy.clone(), spec)),
+                format!("fixed strategy: {}", strategy.name()),
+            )),
+            _ => None,
+        };
+        if let Some((mut agent, source)) = text {
+            for (i, set) in job.sets.iter().enumerate() {
+                say(format!("{label}: {} ({} tasks)", set.name, set.tasks.len()));
+                let ep = run_agent(&label, agent.as_mut(), &job.env, job.index.clone(), set)?;
+                runs[i].push(model_run(&label, RunKind::Scripted, &source, ep, s)?);
+            }
+            continue;
+        }
         let (policy, codec, source) = match c {
-            Contender::Scripted(b) => {
-                for (i, set) in job.sets.iter().enumerate() {
-                    say(format!("{label}: {} ({} tasks)", set.name, set.tasks.len()));
-                    let ep = run_scripted(b, &job.env, job.index.clone(), set)?;
-                    runs[i].push(model_run(&label, RunKind::Scripted, b.name(), ep, s)?);
-                }
-                continue;
-            }
-            Contender::Strategy { strategy, spec, .. } => {
-                let source = format!("fixed strategy: {}", strategy.name());
-                for (i, set) in job.sets.iter().enumerate() {
-                    say(format!("{label}: {} ({} tasks)", set.name, set.tasks.len()));
-                    let mut agent = FixedStrategy::new(strategy.clone(), &spec);
-                    let ep = run_agent(&label, &mut agent, &job.env, job.index.clone(), set)?;
-                    runs[i].push(model_run(&label, RunKind::Scripted, &source, ep, s)?);
-                }
-                continue;
-            }
+            // Ran above as text agents.
+            Contender::Scripted(_) | Contender::Strategy { .. } => continue,
             Contender::ModelDir { dir, adapter, .. } => {
                 let source = match &adapter {
                     Some(a) => format!("{} + adapter {}", dir.display(), a.display()),

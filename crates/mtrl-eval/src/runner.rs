@@ -10,14 +10,14 @@
 //! = the task's index across all benchmarks, sample 0 = greedy and 1..=n the attempts, so results
 //! do not depend on which episodes shared a decode batch (given the same logits).
 //!
-//! Scripted baselines run `mtrl_env::run_episode` with a [`ScriptedAgent`] in a text-mode
-//! `SearchEnv`, as `mtrl rollout` does.
+//! Scripted baselines (a `ScriptedAgent` or a fixed teacher strategy) run `mtrl_env::run_episode`
+//! in a text-mode `SearchEnv` ([`run_agent`]), as `mtrl rollout` does.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use mtrl_core::{ChatCodec, EnvConfig, Trajectory};
-use mtrl_env::{Agent, Baseline, ScriptedAgent, SearchEnv, Task};
+use mtrl_env::{Agent, SearchEnv, Task};
 use mtrl_model::{Engine, Policy, SamplingParams};
 use mtrl_rollout::engine_thread::EngineThread;
 use mtrl_rollout::episode::{EnvStats, EpisodeContext, EpisodeId};
@@ -199,17 +199,6 @@ pub fn run_policy(
     result?;
     shut.map_err(|e| episode_error(run.label, "-", e))?;
     Ok(out)
-}
-
-/// Runs a scripted baseline once per task (it is deterministic) in a text-mode environment.
-pub fn run_scripted(
-    baseline: Baseline,
-    env: &EnvConfig,
-    index: Arc<SearchIndex>,
-    set: &TestSet,
-) -> Result<Episodes> {
-    let mut agent = ScriptedAgent::new(baseline, env.final_k, env.max_search_k);
-    run_agent(baseline.name(), &mut agent, env, index, set)
 }
 
 /// Runs a deterministic text-mode agent once per task.

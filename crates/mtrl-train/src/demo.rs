@@ -100,16 +100,16 @@ pub struct DemoOutcome {
 /// Stage lines and timings.
 struct Stages {
     t0: Instant,
-    last: (String, Instant),
+    /// The stage running, and since when.
+    current: Option<(String, Instant)>,
     done: Vec<(String, f64)>,
 }
 
 impl Stages {
     fn new() -> Stages {
-        let now = Instant::now();
         Stages {
-            t0: now,
-            last: (String::new(), now),
+            t0: Instant::now(),
+            current: None,
             done: Vec::new(),
         }
     }
@@ -117,13 +117,12 @@ impl Stages {
     fn start(&mut self, name: &str) {
         self.close();
         eprintln!("[{:>6.1}s] {name}", self.t0.elapsed().as_secs_f64());
-        self.last = (name.to_string(), Instant::now());
+        self.current = Some((name.to_string(), Instant::now()));
     }
 
     fn close(&mut self) {
-        if !self.last.0.is_empty() {
-            let name = std::mem::take(&mut self.last.0);
-            self.done.push((name, self.last.1.elapsed().as_secs_f64()));
+        if let Some((name, t)) = self.current.take() {
+            self.done.push((name, t.elapsed().as_secs_f64()));
         }
     }
 }
