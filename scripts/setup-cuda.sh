@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what `cargo build --features cuda` needs on a machine WITHOUT a GPU (or without a CUDA
-# toolkit): NVIDIA's CUDA 13.0 wheels from PyPI (nvcc, headers, cudart, cuBLAS, cuRAND, NVRTC) in a
-# Python venv, the unversioned `.so` links the linker looks for, and a link-time stub of `libcuda`
+# toolkit): NVIDIA's CUDA 13.0 wheels from PyPI (nvcc, headers, cudart, cuBLAS, cuRAND, NVRTC) and
+# NCCL (`--features nccl`) in a Python venv, the unversioned `.so` links the linker looks for, and a link-time stub of `libcuda`
 # (the driver library has no wheel). See ../shared/GPU.md for why each piece is there.
 #
 #   scripts/setup-cuda.sh                # install into ${MTRL_CUDA_DIR:-$HOME/.cache/mtrl/cu13}
@@ -38,6 +38,17 @@ if [[ ! -f "$stamp" ]]; then
   touch "$stamp"
 fi
 
+# NCCL (the `nccl` feature's device all-reduce) from the same registry; 2.30 is the API cudarc's
+# `nccl` bindings are generated for.
+NCCL_VERSION_PIN="2.30.7"
+nccl_stamp="$CUDA_DIR/venv/.nccl-$NCCL_VERSION_PIN"
+if [[ ! -f "$nccl_stamp" ]]; then
+  log "installing nvidia-nccl-cu13==$NCCL_VERSION_PIN"
+  "$CUDA_DIR/venv/bin/pip" install --quiet --disable-pip-version-check \
+    "nvidia-nccl-cu13==$NCCL_VERSION_PIN"
+  touch "$nccl_stamp"
+fi
+
 CUDA_ROOT="$("$CUDA_DIR/venv/bin/python" -c \
   'import sysconfig, os; print(os.path.join(sysconfig.get_paths()["purelib"], "nvidia", "cu13"))')"
 [[ -x "$CUDA_ROOT/bin/nvcc" ]] || { log "no nvcc under $CUDA_ROOT/bin"; exit 1; }
@@ -51,6 +62,11 @@ CUDA_ROOT="$("$CUDA_DIR/venv/bin/python" -c \
   done
   [[ -e libcurand.so.10 ]] || { log "missing libcurand.so.10 in $CUDA_ROOT/lib"; exit 1; }
   ln -sf libcurand.so.10 libcurand.so
+  # The NCCL wheel puts libnccl.so.2 under nvidia/nccl/lib (or nvidia/cu13/lib); link it here.
+  nccl="$(ls "$CUDA_ROOT"/../nccl/lib/libnccl.so.2 "$CUDA_ROOT"/lib/libnccl.so.2 2>/dev/null | head -n1 || true)"
+  [[ -n "$nccl" ]] || { log "missing libnccl.so.2 from nvidia-nccl-cu13"; exit 1; }
+  [[ "$nccl" == "$CUDA_ROOT/lib/libnccl.so.2" ]] || ln -sf "$nccl" libnccl.so.2
+  ln -sf libnccl.so.2 libnccl.so
 )
 
 # libcuda stub: one function per driver symbol cudarc declares, each returning

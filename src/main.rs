@@ -73,6 +73,8 @@ enum BenchCommand {
     Checkpoint(cmd::bench_train::BenchCheckpointArgs),
     /// The same episodes in-process and through the user's agent over HTTP, side by side.
     Agent(cmd::bench_train::BenchAgentArgs),
+    /// Bytes and time of the data-parallel gradient all-reduce, full vs LoRA (under mpirun).
+    Allreduce(cmd::bench_allreduce::BenchAllreduceArgs),
 }
 
 fn main() {
@@ -103,6 +105,7 @@ fn main() {
         Some(Command::Bench(BenchCommand::Train(a))) => cmd::bench_train::run(&a),
         Some(Command::Bench(BenchCommand::Checkpoint(a))) => cmd::bench_train::run_checkpoint(&a),
         Some(Command::Bench(BenchCommand::Agent(a))) => cmd::bench_train::run_agent(&a),
+        Some(Command::Bench(BenchCommand::Allreduce(a))) => cmd::bench_allreduce::run(&a),
     };
     if let Err(err) = result {
         eprintln!("error: {err}");

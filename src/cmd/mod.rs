@@ -1,5 +1,6 @@
 //! One module per subcommand, plus shared helpers.
 
+pub mod bench_allreduce;
 pub mod bench_engine;
 pub mod bench_model;
 pub mod bench_search;

@@ -3,6 +3,7 @@
 //! summary as JSON; Ctrl-C / SIGTERM checkpoint and exit 0.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Result;
 use mtrl_train::TrainOptions;
@@ -37,14 +38,38 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         });
     };
     let cfg = mtrl_core::Config::load(path)?;
+    // Under `mpirun` / `srun` this process is one data-parallel rank (MPI is set up here).
+    let on_cuda = cfg
+        .model
+        .as_ref()
+        .is_some_and(|m| m.device.starts_with("cuda"));
+    let comm = mtrl_dist::init(&mtrl_dist::InitOptions {
+        grad_reduce: cfg.distributed.grad_reduce.clone(),
+        on_cuda,
+        lora: cfg.lora.is_some(),
+        timeout: Duration::from_secs_f64(cfg.distributed.timeout_s),
+    })?;
+    let lead = comm.rank() == 0;
     let opts = TrainOptions {
         fresh: args.fresh,
         max_steps: args.max_steps,
-        progress: !args.quiet,
+        progress: !args.quiet && lead,
         watch_signals: true,
+        comm: comm.clone(),
         ..TrainOptions::default()
     };
-    let s = mtrl_train::train(&cfg, opts)?;
-    println!("{}", s.to_json());
-    Ok(())
+    match mtrl_train::train(&cfg, opts) {
+        Ok(s) => {
+            if lead {
+                println!("{}", s.to_json());
+            }
+            Ok(())
+        }
+        // One rank's failure ends the job: the others may be waiting in a collective.
+        Err(e) if comm.world() > 1 => {
+            eprintln!("error: rank {} of {}: {e}", comm.rank(), comm.world());
+            comm.abort(1)
+        }
+        Err(e) => Err(e.into()),
+    }
 }

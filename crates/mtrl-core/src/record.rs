@@ -107,6 +107,19 @@ pub struct StepRecord {
     pub step_wall_s: f64,
     /// Seconds since this process started the run (a resumed run starts again from 0).
     pub elapsed_s: f64,
+    /// Data-parallel ranks that ran the step (absent = 1).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub world_size: u64,
+    /// Bytes each rank sent to the gradient (and update-total) all-reduces, and their calls.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub allreduce_bytes: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub allreduce_calls: u64,
+    /// Seconds rank 0 spent in those all-reduces, and gathering the step's groups.
+    #[serde(default, skip_serializing_if = "is_zero_f")]
+    pub time_allreduce_s: f64,
+    #[serde(default, skip_serializing_if = "is_zero_f")]
+    pub time_gather_s: f64,
     /// Validation figures (greedy on the validation tasks) at the steps where validation ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub val_reward_mean: Option<f64>,
@@ -120,6 +133,22 @@ pub struct StepRecord {
     pub val_failure_rate: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub val_turns_mean: Option<f64>,
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn is_one(v: &u64) -> bool {
+    *v == 1
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+fn is_zero_f(v: &f64) -> bool {
+    *v == 0.0
 }
 
 impl Default for StepRecord {
@@ -166,6 +195,11 @@ impl Default for StepRecord {
             time_publish_s: 0.0,
             time_wait_for_batch_s: 0.0,
             time_checkpoint_s: 0.0,
+            world_size: 1,
+            allreduce_bytes: 0,
+            allreduce_calls: 0,
+            time_allreduce_s: 0.0,
+            time_gather_s: 0.0,
             step_wall_s: 0.0,
             elapsed_s: 0.0,
             val_reward_mean: None,

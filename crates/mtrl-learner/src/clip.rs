@@ -40,15 +40,17 @@ pub fn clip_global_norm(grads: &mut BTreeMap<String, Tensor>, max_norm: f64) -> 
     Ok((total, coef))
 }
 
-/// Adds the gradients `g` holds for `params` into `acc`, by parameter name, in f32.
+/// Adds the gradients `g` holds for `params` into `acc`, by parameter name, in `dtype`
+/// (`train.grad_accumulation`: f32 by default, f64 for sums exact in any order).
 pub(crate) fn accumulate(
     acc: &mut BTreeMap<String, Tensor>,
     params: &BTreeMap<String, Var>,
     g: &GradStore,
+    dtype: DType,
 ) -> Result<()> {
     for (name, var) in params {
         if let Some(gr) = g.get(var.as_tensor()) {
-            let gr = gr.to_dtype(DType::F32)?;
+            let gr = gr.to_dtype(dtype)?;
             let sum = match acc.remove(name) {
                 Some(prev) => (prev + gr)?,
                 None => gr,

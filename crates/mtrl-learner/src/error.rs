@@ -21,6 +21,9 @@ pub enum LearnerError {
     },
     #[error("checkpoint {path} is invalid: {message}")]
     BadCheckpoint { path: PathBuf, message: String },
+    /// A collective between data-parallel ranks failed (the message names the ranks).
+    #[error("{0}")]
+    Collective(String),
     #[error("invalid argument: {0}")]
     Invalid(String),
 }

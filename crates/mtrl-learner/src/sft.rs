@@ -98,7 +98,7 @@ pub fn sft_step(
             lp.to_dtype(DType::F32)?.mul(&mb.mask)?.sum_all()? * (-1.0 / total)
         })?;
         m.loss += loss as f64;
-        accumulate(&mut grads, policy.named_parameters(), &g)?;
+        accumulate(&mut grads, policy.named_parameters(), &g, DType::F32)?;
     }
     m.grad_norm = clip_or_norm(&mut grads, cfg.grad_clip)?;
     if m.grad_norm.is_finite() && m.loss.is_finite() {

@@ -25,6 +25,7 @@
 //! micro-batch split, in-order accumulation, no RNG).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
@@ -35,6 +36,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::adamw::AdamW;
 use crate::batch::{build_rows, Row};
+use crate::dist::{Collective, CommStats, Local, ReduceOptions};
 use crate::error::{LearnerError, Result};
 use crate::schedule::LrSchedule;
 use crate::update::{proximal_logprobs, split_even, Totals};
@@ -68,6 +70,8 @@ pub struct StepConfig {
     pub grad_clip: f64,
     pub micro_batch_tokens: usize,
     pub schedule: LrSchedule,
+    /// The dtype micro-batch gradients are summed in (and all-reduced in across ranks).
+    pub accumulation: DType,
 }
 
 impl StepConfig {
@@ -128,6 +132,7 @@ impl StepConfig {
             grad_clip,
             micro_batch_tokens,
             schedule,
+            accumulation: DType::F32,
         })
     }
 }
@@ -171,6 +176,9 @@ pub struct StepMetrics {
     /// The update was skipped (no tokens, or a non-finite gradient).
     pub skipped: bool,
     pub learn_s: f64,
+    /// What this rank sent to the data-parallel all-reduces (zeros for one process).
+    #[serde(default)]
+    pub comm: CommStats,
 }
 
 /// A padded micro-batch (also used by [`crate::sft`]).
@@ -231,6 +239,9 @@ pub struct Learner {
     pub opt: AdamW,
     pub cfg: StepConfig,
     version: u64,
+    /// The data-parallel ranks ([`Local`] for one process).
+    pub(crate) comm: Arc<dyn Collective>,
+    pub(crate) reduce: ReduceOptions,
 }
 
 impl Learner {
@@ -248,7 +259,21 @@ impl Learner {
             opt,
             cfg,
             version,
+            comm: Arc::new(Local),
+            reduce: ReduceOptions::default(),
         }
+    }
+
+    /// Trains as one rank of `comm`: this rank's share of each update's micro-batches, gradients
+    /// summed over the ranks in `reduce`'s buckets.
+    pub fn with_collective(mut self, comm: Arc<dyn Collective>, reduce: ReduceOptions) -> Learner {
+        self.comm = comm;
+        self.reduce = reduce;
+        self
+    }
+
+    pub fn collective(&self) -> &Arc<dyn Collective> {
+        &self.comm
     }
 
     pub fn version(&self) -> u64 {
@@ -303,6 +328,7 @@ impl Learner {
         m.kl = total.kl_sum / tokens;
         m.entropy = total.entropy_sum / tokens;
         m.grad_norm = total.norm_sum / slices.len() as f64;
+        m.comm = total.comm;
         m.learn_s = t0.elapsed().as_secs_f64();
         Ok(m)
     }

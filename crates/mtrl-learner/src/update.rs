@@ -16,6 +16,7 @@ use mtrl_model::{logprobs_and_grads, token_logprobs, Policy, DEFAULT_CHUNK_ELEMS
 
 use crate::batch::{micro_batches, Row};
 use crate::clip::{accumulate, clip_or_norm};
+use crate::dist::{all_reduce_grads, owns, Collective, CommStats};
 use crate::error::Result;
 use crate::step::{masked_sum, pad, Learner, RatioBase, StepConfig};
 
@@ -32,6 +33,7 @@ pub(crate) struct Totals {
     pub micro_batches: u64,
     pub padded_tokens: u64,
     pub updates: u64,
+    pub comm: CommStats,
 }
 
 impl Totals {
@@ -46,6 +48,38 @@ impl Totals {
         self.micro_batches += o.micro_batches;
         self.padded_tokens += o.padded_tokens;
         self.updates += o.updates;
+        self.comm.add(&o.comm);
+    }
+
+    /// Sums the per-rank sums of an update's micro-batches over the ranks (a no-op for one).
+    fn all_reduce(&mut self, c: &dyn Collective) -> Result<()> {
+        if c.world() <= 1 {
+            return Ok(());
+        }
+        let mut v = [
+            self.loss,
+            self.clipped,
+            self.weight_sum,
+            self.gap_sum,
+            self.kl_sum,
+            self.entropy_sum,
+            self.micro_batches as f64,
+            self.padded_tokens as f64,
+        ];
+        c.all_reduce_f64(&mut v, "update totals")?;
+        [
+            self.loss,
+            self.clipped,
+            self.weight_sum,
+            self.gap_sum,
+            self.kl_sum,
+            self.entropy_sum,
+        ] = [v[0], v[1], v[2], v[3], v[4], v[5]];
+        self.micro_batches = v[6] as u64;
+        self.padded_tokens = v[7] as u64;
+        self.comm.calls += 1;
+        self.comm.bytes += std::mem::size_of_val(&v) as u64;
+        Ok(())
     }
 }
 
@@ -109,9 +143,18 @@ impl Learner {
         };
         let dev = self.policy.device().clone();
         let mut grads: BTreeMap<String, Tensor> = BTreeMap::new();
-        for range in micro_batches(rows, cfg.micro_batch_tokens) {
+        let acc = cfg.accumulation;
+        let comm = self.comm.clone();
+        // The split is the single process's; a rank takes every world-th micro-batch of it.
+        for (i, range) in micro_batches(rows, cfg.micro_batch_tokens)
+            .into_iter()
+            .enumerate()
+        {
+            if !owns(comm.as_ref(), i) {
+                continue;
+            }
             let mb = pad(&rows[range], &dev)?;
-            let stream = (self.version() << 24) ^ (slice << 12) ^ out.micro_batches;
+            let stream = (self.version() << 24) ^ (slice << 12) ^ i as u64;
             self.policy.set_dropout_seed(mtrl_core::rng::mix(stream));
             out.micro_batches += 1;
             out.padded_tokens += mb.padded as u64;
@@ -178,8 +221,12 @@ impl Learner {
                 .affine(1.0, -1.0)?
                 .abs()?;
             out.gap_sum += masked_sum(&gap, &mb.mask)?;
-            accumulate(&mut grads, self.policy.named_parameters(), &g)?;
+            accumulate(&mut grads, self.policy.named_parameters(), &g, acc)?;
         }
+        out.all_reduce(comm.as_ref())?;
+        let params = self.policy.named_parameters();
+        let sent = all_reduce_grads(comm.as_ref(), params, &mut grads, self.reduce, acc)?;
+        out.comm.add(&sent);
         let norm = clip_or_norm(&mut grads, cfg.grad_clip)?;
         out.norm_sum = norm;
         if norm.is_finite() && out.loss.is_finite() {

@@ -35,6 +35,6 @@ pub use faults::{FaultKind, Faults, FAULTS_VAR};
 pub use gate::Gate;
 pub use pick::PickEnv;
 pub use runner::{
-    EnvFactory, FaultCounters, Group, InOrder, Rollout, RolloutCounters, RolloutSettings,
+    EnvFactory, FaultCounters, Group, InOrder, Rollout, RolloutCounters, RolloutSettings, Shard,
     TaskSource,
 };

@@ -56,6 +56,29 @@ impl TaskSource for Mixer {
     }
 }
 
+/// Which groups of each step a data-parallel rank generates: group `i` is rank
+/// `(i mod B) mod world`'s. Every rank still draws every task in order (the task of group `i`
+/// is the single process's), and the staleness gate counts the global index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    pub rank: usize,
+    pub world: usize,
+}
+
+impl Default for Shard {
+    fn default() -> Shard {
+        Shard { rank: 0, world: 1 }
+    }
+}
+
+impl Shard {
+    /// Whether group `index` (of steps of `batch` groups) is this rank's.
+    pub fn owns(&self, index: u64, batch: usize) -> bool {
+        let world = self.world.max(1) as u64;
+        (index % batch.max(1) as u64) % world == self.rank as u64
+    }
+}
+
 /// How rollouts run.
 #[derive(Debug, Clone)]
 pub struct RolloutSettings {
@@ -83,6 +106,8 @@ pub struct RolloutSettings {
     pub max_failed_fraction: f64,
     /// Faults to inject (tests).
     pub faults: Arc<Faults>,
+    /// This rank's groups (all of them for one process).
+    pub shard: Shard,
 }
 
 /// Fault bookkeeping, monotonic.
@@ -312,6 +337,16 @@ impl Scheduler {
                 .fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
             metrics::histogram!("mtrl_rollout_admission_wait_seconds").record(waited.as_secs_f64());
             let task = self.tasks.next_task();
+            if !self
+                .settings
+                .shard
+                .owns(index, self.settings.global_batch_size)
+            {
+                // Another rank's group: its task is drawn (the cursor stays global), not run.
+                index += 1;
+                self.admitted.store(index, Ordering::Relaxed);
+                continue;
+            }
             let g = GroupRun {
                 index,
                 task,
@@ -512,6 +547,7 @@ pub struct InOrder {
     rx: Receiver<Group>,
     next: u64,
     buffer: BTreeMap<u64, Vec<Trajectory>>,
+    shard: Shard,
 }
 
 impl InOrder {
@@ -526,7 +562,14 @@ impl InOrder {
             rx,
             next,
             buffer: BTreeMap::new(),
+            shard: Shard::default(),
         }
+    }
+
+    /// Batches of this rank's groups only (see [`Shard`]).
+    pub fn sharded(mut self, shard: Shard) -> InOrder {
+        self.shard = shard;
+        self
     }
 
     /// Waits for the next `batch` groups; `None` when `timeout` passed first (call again) —
@@ -538,7 +581,12 @@ impl InOrder {
     ) -> std::result::Result<Option<Vec<Vec<Trajectory>>>, RolloutError> {
         let deadline = Instant::now() + timeout;
         let end = self.next + batch as u64;
-        while (self.next..end).any(|i| !self.buffer.contains_key(&i)) {
+        let shard = self.shard;
+        let mine = move |i: &u64| shard.owns(*i, batch);
+        while (self.next..end)
+            .filter(mine)
+            .any(|i| !self.buffer.contains_key(&i))
+        {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.rx.recv_timeout(left) {
                 Ok((i, g)) => {
@@ -549,6 +597,7 @@ impl InOrder {
             }
         }
         let out = (self.next..end)
+            .filter(mine)
             .filter_map(|i| self.buffer.remove(&i))
             .collect();
         self.next = end;

@@ -79,6 +79,7 @@ fn start_with(
         max_retries: 3,
         max_failed_fraction: 0.1,
         faults: Arc::new(Faults::parse(faults, 7).unwrap()),
+        shard: Default::default(),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -231,7 +231,7 @@ pub fn run(cfg: &Config, o: &DemoOptions) -> Result<DemoOutcome> {
         progress: o.progress,
         stop: o.stop.clone(),
         watch_signals: o.watch_signals,
-        sinks: Vec::new(),
+        ..TrainOptions::default()
     };
     let s = train(cfg, opts)?;
     eprintln!(

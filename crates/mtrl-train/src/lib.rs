@@ -23,9 +23,11 @@
 pub mod agent;
 pub mod baselines;
 pub mod bench_agent;
+pub mod bench_allreduce;
 pub mod bench_lora;
 pub mod bench_train;
 pub mod data;
+pub mod data_parallel;
 pub mod demo;
 pub mod demo_eval;
 pub mod demo_table;

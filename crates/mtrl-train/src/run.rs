@@ -24,12 +24,14 @@ use std::time::{Duration, Instant};
 use mtrl_core::record::parse_value;
 use mtrl_core::{Config, StepRecord};
 use mtrl_learner::{AdamW, AdamWConfig, CheckpointManager, Learner, TrainerState};
+use mtrl_learner::{Collective, Local, ReduceOptions};
 use mtrl_model::{Engine, Policy, SamplingParams};
 use mtrl_rollout::{InOrder, Rollout, RolloutError, RolloutSettings};
 use serde_json::{json, Value};
 
 use crate::agent::AgentHost;
 use crate::bail;
+use crate::data_parallel::{self as dp, Ranks};
 use crate::error::{Context, Result, TrainError};
 use crate::resume::{self, metrics_path};
 use crate::setup::{self, ModelParts};
@@ -56,6 +58,8 @@ pub struct TrainOptions {
     pub watch_signals: bool,
     /// Sinks beyond the ones the config asks for (records in memory, a front end's display).
     pub sinks: Vec<Box<dyn Sink>>,
+    /// The data-parallel ranks this process is one of (`mtrl_dist::init`; [`Local`] alone).
+    pub comm: Arc<dyn Collective>,
 }
 
 impl Default for TrainOptions {
@@ -67,6 +71,7 @@ impl Default for TrainOptions {
             stop: Arc::new(AtomicBool::new(false)),
             watch_signals: false,
             sinks: Vec::new(),
+            comm: Arc::new(Local),
         }
     }
 }
@@ -200,6 +205,7 @@ fn start(
     initial: Policy,
     latest: Option<&Path>,
     parts: &ModelParts,
+    lead: bool,
 ) -> Result<Started> {
     let mut state = TrainerState {
         config_hash: resume::config_hash(cfg),
@@ -227,13 +233,15 @@ fn start(
         .with_context(|| format!("the dataset cursor of {}", ckpt.display()))?;
     shadow.restore(cursor)?;
     mixer.restore(shadow.cursor())?;
-    eprintln!("resuming from {} (step {})", ckpt.display(), st.step);
+    if lead {
+        eprintln!("resuming from {} (step {})", ckpt.display(), st.step);
+    }
     check_history(&st, ckpt)?;
     state.step = st.step;
     state.policy_version = st.policy_version;
     state.metrics = st.metrics;
     // `best.json` follows the checkpoint (a kill may have come between the two writes).
-    if let Some(best) = &st.best {
+    if let Some(best) = st.best.as_ref().filter(|_| lead) {
         crate::validate::write_best(&cfg.checkpoint.dir, best)?;
     }
     state.best = st.best;
@@ -247,8 +255,21 @@ fn start(
 
 /// The config's sinks (JSONL always; Prometheus and MLflow as `[logging]` says; the bar when
 /// asked) plus the caller's.
-fn telemetry(cfg: &Config, opts: &mut TrainOptions, s: &Start, until: u64) -> Result<Telemetry> {
+fn telemetry(
+    cfg: &Config,
+    opts: &mut TrainOptions,
+    s: &Start,
+    until: u64,
+    lead: bool,
+) -> Result<Telemetry> {
     let mut t = Telemetry::new();
+    if !lead {
+        // Rank 0 writes the run's records; the other ranks keep only the caller's sinks.
+        for sink in opts.sinks.drain(..) {
+            t.push(sink);
+        }
+        return Ok(t);
+    }
     t.push(Box::new(JsonlSink::create(
         &metrics_path(cfg),
         &s.state.metrics,
@@ -277,6 +298,7 @@ fn rollout_settings(
     version: u64,
     until: u64,
     faults: Arc<Faults>,
+    shard: mtrl_rollout::Shard,
 ) -> RolloutSettings {
     let b = cfg.train.global_batch_size;
     RolloutSettings {
@@ -299,26 +321,34 @@ fn rollout_settings(
         max_retries: cfg.rollout.max_retries,
         max_failed_fraction: cfg.rollout.max_failed_fraction,
         faults,
+        shard,
     }
 }
 
 /// Runs (or resumes) training until the planned step, `max_steps`, or `opts.stop` is raised.
 pub fn train(cfg: &Config, mut opts: TrainOptions) -> Result<Summary> {
     let t_start = Instant::now();
+    let ranks = Ranks::new(opts.comm.clone());
+    let lead = ranks.lead();
+    let cfg = &dp::rank_config(cfg, &ranks)?;
     let parts = setup::model_parts(cfg)?;
     let data = setup::load_data(cfg)?;
     let planned = setup::planned_steps(cfg, data.tasks);
     let until = opts.max_steps.map_or(planned, |m| m.min(planned));
     let mgr = CheckpointManager::new(&cfg.checkpoint.dir, cfg.checkpoint.keep_last);
-    if opts.fresh {
-        resume::clear_run(cfg, &mgr)?;
+    if lead {
+        if opts.fresh {
+            resume::clear_run(cfg, &mgr)?;
+        }
+        let cleaned = mgr.clean_stale()?;
+        if cleaned > 0 {
+            eprintln!("removed {cleaned} unfinished checkpoint folder(s) of an interrupted save");
+        }
     }
-    let cleaned = mgr.clean_stale()?;
-    if cleaned > 0 {
-        eprintln!("removed {cleaned} unfinished checkpoint folder(s) of an interrupted save");
-    }
+    // The other ranks read the checkpoint folder once rank 0 has tidied it.
+    ranks.arrive("the run's start", false)?;
     let (latest, rejected) = mgr.latest_valid()?;
-    for r in &rejected {
+    for r in rejected.iter().filter(|_| lead) {
         eprintln!(
             "checkpoint {} is unusable ({}); trying an older one",
             r.path.display(),
@@ -329,12 +359,16 @@ pub fn train(cfg: &Config, mut opts: TrainOptions) -> Result<Summary> {
     let reference = (cfg.algorithm.kl_coef > 0.0)
         .then(|| setup::copy_policy(&initial))
         .transpose()?;
-    let (s, policy, opt, mixer) = start(cfg, &data, initial, latest.as_deref(), &parts)?;
+    let (s, policy, opt, mixer) = start(cfg, &data, initial, latest.as_deref(), &parts, lead)?;
     std::fs::create_dir_all(&cfg.checkpoint.dir)
         .with_context(|| format!("creating {}", cfg.checkpoint.dir.display()))?;
-    let mut telemetry = telemetry(cfg, &mut opts, &s, until)?;
+    let mut telemetry = telemetry(cfg, &mut opts, &s, until, lead)?;
     let step_cfg = setup::step_config(cfg, planned)?;
-    let learner = Learner::new(policy, reference, opt, step_cfg, s.state.policy_version);
+    let reduce = ReduceOptions {
+        bucket_bytes: (cfg.distributed.bucket_mb * 1048576.0) as usize,
+    };
+    let learner = Learner::new(policy, reference, opt, step_cfg, s.state.policy_version)
+        .with_collective(ranks.comm.clone(), reduce);
     let mut run = Loop {
         cfg,
         parts: &parts,
@@ -344,12 +378,12 @@ pub fn train(cfg: &Config, mut opts: TrainOptions) -> Result<Summary> {
         t_start,
         until,
         records: Vec::new(),
-        writer: cfg
-            .checkpoint
-            .background
+        writer: (cfg.checkpoint.background && lead)
             .then(|| CheckpointWriter::spawn(mgr.clone()))
             .transpose()?,
         checkpoint_s: 0.0,
+        fault: mtrl_dist::RankFault::from_env().map_err(|e| TrainError::Msg(e.to_string()))?,
+        ranks,
     };
     let out = run.go(&data, mixer, &opts, &mut telemetry);
     let status = match &out {
@@ -359,7 +393,7 @@ pub fn train(cfg: &Config, mut opts: TrainOptions) -> Result<Summary> {
     };
     let telemetry = telemetry.finish(status)?;
     let interrupted = out?;
-    if interrupted {
+    if interrupted && lead {
         eprintln!(
             "interrupted: checkpoint of step {} written",
             run.start.state.step
@@ -390,6 +424,10 @@ struct Loop<'a> {
     writer: Option<CheckpointWriter>,
     /// Learner seconds spent on checkpoints since the last record.
     checkpoint_s: f64,
+    /// This process among the data-parallel ranks.
+    ranks: Ranks,
+    /// An injected rank fault (`MTRL_RANK_FAULT`, tests).
+    fault: Option<mtrl_dist::RankFault>,
 }
 
 impl Loop<'_> {
@@ -419,13 +457,18 @@ impl Loop<'_> {
         }
         let codec = self.parts.codec.clone();
         let envs = setup::driver(cfg, data, codec, !opts.progress, window, host.as_ref())?;
-        let validator = Validator::new(
-            cfg,
-            &data.sets.validation,
-            envs.clone(),
-            setup::engine_options(cfg),
-            self.parts.codec.stop_token_ids(),
-        )?;
+        // Rank 0 validates (the others wait for it at the next step's arrival).
+        let validator = if self.ranks.lead() {
+            Validator::new(
+                cfg,
+                &data.sets.validation,
+                envs.clone(),
+                setup::engine_options(cfg),
+                self.parts.codec.stop_token_ids(),
+            )?
+        } else {
+            None
+        };
         if opts.watch_signals {
             let stop = opts.stop.clone();
             on_signal(&rt, move || stop.store(true, Ordering::SeqCst));
@@ -438,13 +481,12 @@ impl Loop<'_> {
                 std::env::var(FAULTS_VAR).unwrap_or_default()
             );
         }
-        let settings = rollout_settings(cfg, self.parts, step, version, self.until, faults);
+        let shard = self.ranks.shard();
+        let settings = rollout_settings(cfg, self.parts, step, version, self.until, faults, shard);
         let first_group = settings.first_group;
         let (rollout, rx) = Rollout::start(engine, envs, Box::new(mixer), settings, rt.handle())?;
-        let mut batches = InOrder::new(rx, first_group);
-        let trajs = cfg
-            .logging
-            .trajectories
+        let mut batches = InOrder::new(rx, first_group).sharded(shard);
+        let trajs = (cfg.logging.trajectories && self.ranks.lead())
             .then(|| {
                 let o = mtrl_eval::LogOptions::from_config(&cfg.logging);
                 let dir = cfg.checkpoint.dir.join("trajectories");
@@ -489,6 +531,9 @@ impl Loop<'_> {
     /// `[checkpoint] background` (the learner only copies the tensors), else here — then runs
     /// `then` with its folder. The learner's time spent here goes into the next record.
     fn save(&mut self, then: Option<Then>) -> Result<()> {
+        if !self.ranks.lead() {
+            return Ok(());
+        }
         let t0 = Instant::now();
         let (s, dtype) = (&mut self.start, self.parts.dtype);
         match &mut self.writer {
@@ -563,17 +608,34 @@ impl Loop<'_> {
         validator: Option<(&Validator, &tokio::runtime::Runtime)>,
     ) -> Result<bool> {
         let b = self.cfg.train.global_batch_size;
-        let mut prev: Option<mtrl_rollout::RolloutCounters> = None;
+        let world = self.ranks.world();
+        let mut prev: Option<Vec<mtrl_rollout::RolloutCounters>> = None;
         while self.start.state.step < self.until {
             let t_wait = Instant::now();
             // Contiguous windows: the first starts with the rollouts, so that nothing they count
             // (faults, retries, tokens) falls outside every step's record.
-            let before = prev.unwrap_or_default();
-            let Some(batch) = next_batch(rollout, batches, b, stop, stuck_after(self.cfg))? else {
+            let before_all = prev
+                .take()
+                .unwrap_or_else(|| vec![Default::default(); world]);
+            let step_no = self.start.state.step + 1;
+            if let Some(f) = self.fault.filter(|f| f.hits(self.ranks.rank(), step_no)) {
+                f.act();
+            }
+            let mine = next_batch(rollout, batches, b, stop, stuck_after(self.cfg))?;
+            // Every rank stops at the same step when any was asked to.
+            let any_stop = self
+                .ranks
+                .arrive(&format!("step {step_no}"), mine.is_none())?;
+            let Some(mine) = mine.filter(|_| !any_stop) else {
                 return Ok(true);
             };
+            let first = (step_no - 1) * b as u64;
+            let (batch, gather_s) = self.ranks.gather_batch(mine, first, b)?;
             let wait_s = t_wait.elapsed().as_secs_f64();
             let m = self.learner.step(&batch)?;
+            if let Some(f) = self.fault.filter(|f| f.hits(self.ranks.rank(), step_no)) {
+                dp::diverge(&self.learner.policy, f)?;
+            }
             let t_pub = Instant::now();
             let wait = stuck_after(self.cfg);
             rollout.publish(self.learner.version(), self.learner.weights()?, wait)?;
@@ -593,10 +655,21 @@ impl Loop<'_> {
                 publish_s,
                 learn_wait_s: wait_s,
             };
-            let after = rollout.counters();
-            prev = Some(after);
+            let after_all = self.ranks.gather_counters(&rollout.counters())?;
+            let (before, after) = (dp::merge(&before_all), dp::merge(&after_all));
+            if world > 1 && self.ranks.lead() {
+                let path = self.cfg.checkpoint.dir.join("rollout-ranks.jsonl");
+                dp::log_ranks(&path, state.step, &before_all, &after_all)?;
+            }
+            prev = Some(after_all);
             let mut rec = step_record(state.step, &batch, &m, &before, &after, &timing);
             rec.time_checkpoint_s = std::mem::take(&mut self.checkpoint_s);
+            dp::record(&mut rec, world, &m, gather_s);
+            let every = self.cfg.distributed.checksum_every;
+            if every > 0 && rec.step.is_multiple_of(every) {
+                self.ranks
+                    .check_parameters(&self.learner.policy, rec.step)?;
+            }
             let best = match validator {
                 Some(v) => self.validate(v, &mut rec)?,
                 None => None,

@@ -281,14 +281,19 @@ pub fn step_config(cfg: &Config, total_steps: u64) -> Result<StepConfig> {
         },
     };
     let max_len = cfg.env_or_default().max_context_tokens;
-    Ok(StepConfig::from_algorithm(
+    let mut s = StepConfig::from_algorithm(
         &cfg.algorithm,
         cfg.rollout.temperature,
         t.grad_clip,
         t.micro_batch_tokens,
         schedule,
         max_len,
-    )?)
+    )?;
+    s.accumulation = match t.grad_accumulation.as_str() {
+        "f64" => DType::F64,
+        _ => DType::F32,
+    };
+    Ok(s)
 }
 
 /// Opens (building as needed) the index of the config's `[search]` section; a bar on stderr

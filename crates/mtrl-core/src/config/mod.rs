@@ -6,6 +6,7 @@
 mod algorithm;
 mod checkpoint;
 mod data;
+mod distributed;
 mod env;
 mod hyperparameters;
 mod logging;
@@ -26,6 +27,7 @@ pub use algorithm::{
 };
 pub use checkpoint::{CheckpointConfig, CheckpointSpec};
 pub use data::{DataConfig, DataSpec, DatasetConfig, OneOrMany};
+pub use distributed::{DistributedConfig, DistributedSpec, GRAD_REDUCES};
 pub use env::{EnvConfig, EnvSpec, HitFormat, RewardChoice, RewardKind, RewardSpec};
 pub use hyperparameters::HyperparametersSpec;
 pub use logging::{LoggingConfig, LoggingSpec};
@@ -59,6 +61,7 @@ pub struct ConfigSpec {
     pub logging: Option<LoggingSpec>,
     pub sft: Option<SftSpec>,
     pub warm_start: Option<WarmStartSpec>,
+    pub distributed: Option<DistributedSpec>,
     /// The managed service's flat names, mapped onto the sections above.
     pub hyperparameters: Option<HyperparametersSpec>,
 }
@@ -89,6 +92,8 @@ pub struct Config {
     pub logging: LoggingConfig,
     pub sft: SftSettings,
     pub warm_start: Option<WarmStartConfig>,
+    /// `[distributed]` (defaults when absent).
+    pub distributed: DistributedConfig,
 }
 
 impl Config {
@@ -188,6 +193,7 @@ impl ConfigSpec {
         let logging = self.logging.unwrap_or_default().validate(&ctx)?;
         let sft = self.sft.unwrap_or_default().validate(&ctx)?;
         let warm_start = self.warm_start.map(|s| s.validate(&ctx)).transpose()?;
+        let distributed = self.distributed.unwrap_or_default().validate(&ctx)?;
         Ok(Config {
             source: path.to_path_buf(),
             name,
@@ -203,6 +209,7 @@ impl ConfigSpec {
             logging,
             sft,
             warm_start,
+            distributed,
         })
     }
 }

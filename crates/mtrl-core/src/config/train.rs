@@ -14,6 +14,9 @@
 //! grad_clip = 1.0             # 0 = off
 //! seed = 0
 //! micro_batch_tokens = 8192   # padded tokens per forward/backward
+//! grad_accumulation = "f32"   # dtype micro-batch gradients are summed in; "f64" (CPU) makes the
+//!                             # sum exact in any order, so N data-parallel ranks give one
+//!                             # process's weights bit for bit
 //! val_every = 0               # validation (greedy, temperature 0) every N steps; 0 = off
 //! val_tasks = 0               # validation tasks per pass (the first N); 0 = all
 //! val_metric = "val_ndcg@10"  # what "best" means: val_ndcg@10 | val_reward | val_fail_rate
@@ -39,6 +42,7 @@ pub struct TrainSpec {
     pub grad_clip: Option<f64>,
     pub seed: Option<u64>,
     pub micro_batch_tokens: Option<usize>,
+    pub grad_accumulation: Option<String>,
     pub val_every: Option<u64>,
     pub val_tasks: Option<usize>,
     pub val_metric: Option<String>,
@@ -69,6 +73,8 @@ pub struct TrainConfig {
     pub grad_clip: f64,
     pub seed: u64,
     pub micro_batch_tokens: usize,
+    /// `f32` or `f64`: the dtype micro-batch gradients are summed in.
+    pub grad_accumulation: String,
     /// 0 = no validation during training.
     pub val_every: u64,
     /// 0 = every validation task.
@@ -91,6 +97,7 @@ impl Default for TrainConfig {
             grad_clip: 1.0,
             seed: 0,
             micro_batch_tokens: 8192,
+            grad_accumulation: "f32".into(),
             val_every: 0,
             val_tasks: 0,
             val_metric: "val_ndcg@10".into(),
@@ -183,6 +190,16 @@ impl TrainSpec {
                 2,
                 1 << 30,
             )?,
+            grad_accumulation: match self.grad_accumulation.as_deref() {
+                None => d.grad_accumulation,
+                Some(a @ ("f32" | "f64")) => a.to_string(),
+                Some(other) => {
+                    return Err(ctx.invalid(
+                        "train.grad_accumulation",
+                        format!("`{other}`: expected \"f32\" or \"f64\""),
+                    ))
+                }
+            },
         })
     }
 }
