@@ -253,7 +253,7 @@ pub fn checksum(policy: &Policy) -> Result<u64> {
     Ok(h)
 }
 
-const FIELDS: usize = 17;
+const FIELDS: usize = 16;
 
 fn pack(c: &RolloutCounters) -> [f64; FIELDS] {
     [
@@ -273,7 +273,6 @@ fn pack(c: &RolloutCounters) -> [f64; FIELDS] {
         c.faults[0] as f64,
         c.faults[1] as f64,
         c.faults[2] as f64,
-        0.0,
     ]
 }
 
