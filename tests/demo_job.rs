@@ -92,6 +92,14 @@ fn default_job_runs_every_stage_and_writes_its_outputs() {
             .unwrap();
     let runs = report["datasets"][0]["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 7);
+    // Validation (train.val_every) chose the checkpoints of RL and of the RFT control: with two
+    // steps, both validated at their last step and evaluated it.
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("demo/rl/eval/demo.json")).unwrap())
+            .unwrap();
+    assert_eq!(record["tuned_step"], 2, "{record}");
+    assert_eq!(record["rft_step"], 2, "{record}");
+    assert!(err.contains("step-00000002/policy (best)"), "{err}");
     // The teacher explores (both tools, one or two searches) and uses the demo environment's
     // argument shortcuts (no query, submit by rank).
     let teacher = std::fs::read_to_string(d.join("demo/teacher.jsonl")).unwrap();

@@ -226,7 +226,9 @@ pub fn standard_tools_over(
                 .map_retriever(&wrap),
         ),
         Arc::new(
-            SubmitTool::new(cfg.final_k, Some(index.corpus().clone())).with_hits(cfg.submit_hits),
+            SubmitTool::new(cfg.final_k, Some(index.corpus().clone()))
+                .with_hits(cfg.submit_hits)
+                .with_excess(cfg.submit_excess),
         ),
     ]
 }

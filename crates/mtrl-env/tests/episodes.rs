@@ -412,3 +412,50 @@ fn argument_shortcuts_search_the_question_and_submit_by_rank() {
     );
     assert_eq!(last.result_ids, vec!["d1", "d0"]);
 }
+
+#[test]
+fn a_submit_longer_than_final_k_is_cut_or_refused_as_configured() {
+    use mtrl_core::config::SubmitExcess;
+    let run = |excess: SubmitExcess| {
+        let cfg = EnvConfig {
+            final_k: 2,
+            submit_excess: excess,
+            ..EnvConfig::default()
+        };
+        let tools: Vec<Arc<dyn Tool>> = vec![
+            Arc::new(SearchTool::new(
+                "bm25_search",
+                "d",
+                Arc::new(Ladder),
+                5,
+                20,
+                10,
+            )),
+            Arc::new(SubmitTool::new(cfg.final_k, None).with_excess(cfg.submit_excess)),
+        ];
+        let mut e = SearchEnv::new(cfg, tools, Arc::new(NdcgAt(10))).unwrap();
+        cont(e.reset(&task()).unwrap());
+        let long =
+            r#"<tool_call>{"name":"submit","arguments":{"doc_ids":["d1","d0","d2"]}}</tool_call>"#;
+        let step = e.step(Action::text(long)).unwrap();
+        (e, step)
+    };
+    // Cut: the first final_k ids are scored and the episode ends.
+    let (mut e, step) = run(SubmitExcess::Cut);
+    assert_eq!(step, Step::Done);
+    let t = e.finish().unwrap();
+    assert_eq!(t.answer, Some(vec!["d1".to_string(), "d0".to_string()]));
+    // Refuse: an error the model is shown; a list of final_k ids then ends the episode.
+    let (mut e, step) = run(SubmitExcess::Refuse);
+    let obs = cont(step);
+    let reply = &obs.messages.last().unwrap().content;
+    assert!(
+        reply.contains("at most 2 documents; 3 were listed"),
+        "{reply}"
+    );
+    let ok = r#"<tool_call>{"name":"submit","arguments":{"doc_ids":["d1","d0"]}}</tool_call>"#;
+    assert_eq!(e.step(Action::text(ok)).unwrap(), Step::Done);
+    let t = e.finish().unwrap();
+    assert_eq!(t.tools.errors, 1);
+    assert_eq!(t.answer, Some(vec!["d1".to_string(), "d0".to_string()]));
+}

@@ -242,6 +242,7 @@ mod tests {
                 pass_at_k: Some(0.5),
                 reward: ndcg,
                 sampled_reward: Some(ndcg / 2.0),
+                sampled_fail_rate: Some(0.5),
                 tokens_per_task: tokens,
                 s_per_task: 0.5,
                 failures: Default::default(),

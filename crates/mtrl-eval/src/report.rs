@@ -111,6 +111,9 @@ pub struct TaskResult {
     /// when k = 0).
     #[serde(default)]
     pub sampled_reward: Option<f64>,
+    /// Fraction of the sampled attempts that failed (absent when k = 0).
+    #[serde(default)]
+    pub sampled_fail_rate: Option<f64>,
 }
 
 impl TaskResult {
@@ -138,6 +141,13 @@ impl TaskResult {
                 Some(samples.iter().map(|t| t.reward).sum::<f64>() / samples.len() as f64)
             }
         };
+        let failed = |t: &Trajectory| t.failure.is_some() as u8 as f64;
+        let sampled_fail_rate = match (k, deterministic) {
+            (0, _) => None,
+            (_, true) => Some(failed(greedy)),
+            (_, false) if samples.is_empty() => None,
+            (_, false) => Some(samples.iter().map(failed).sum::<f64>() / samples.len() as f64),
+        };
         Ok(TaskResult {
             task_id: greedy.task_id.clone(),
             ndcg_at_10: ndcg_at_10(greedy),
@@ -150,6 +160,7 @@ impl TaskResult {
             sample_passes,
             pass_at_k,
             sampled_reward,
+            sampled_fail_rate,
         })
     }
 }
@@ -165,6 +176,9 @@ pub struct Summary {
     /// Mean reward of the sampled attempts (absent when none were run).
     #[serde(default)]
     pub sampled_reward: Option<f64>,
+    /// Fraction of the sampled attempts that failed (absent when none were run).
+    #[serde(default)]
+    pub sampled_fail_rate: Option<f64>,
     /// None in text mode (scripted baselines).
     pub tokens_per_task: Option<f64>,
     pub s_per_task: f64,
@@ -195,6 +209,12 @@ impl Summary {
             sampled_reward: tasks
                 .iter()
                 .map(|t| t.sampled_reward)
+                .collect::<Option<Vec<f64>>>()
+                .filter(|v| !v.is_empty())
+                .map(|v| v.iter().sum::<f64>() / n),
+            sampled_fail_rate: tasks
+                .iter()
+                .map(|t| t.sampled_fail_rate)
                 .collect::<Option<Vec<f64>>>()
                 .filter(|v| !v.is_empty())
                 .map(|v| v.iter().sum::<f64>() / n),
@@ -356,6 +376,8 @@ mod tests {
         assert!(r.passed);
         assert_eq!((r.samples, r.sample_passes), (5, 2));
         assert!((r.pass_at_k.unwrap() - 0.7).abs() < 1e-12);
+        // One of the five sampled attempts failed.
+        assert!((r.sampled_fail_rate.unwrap() - 0.2).abs() < 1e-12);
         let failed = TaskResult::new(
             &traj(Some(0.9), Some(FailureReason::TokenLimit)),
             &[],
@@ -368,6 +390,8 @@ mod tests {
         let s = Summary::of(&[r, failed], 3.0, true);
         assert!((s.ndcg_at_10 - 0.3).abs() < 1e-12);
         assert!((s.fail_rate - 0.5).abs() < 1e-12);
+        // (0.2 + the deterministic agent's failed greedy episode, 1.0) / 2.
+        assert!((s.sampled_fail_rate.unwrap() - 0.6).abs() < 1e-12);
         assert!((s.pass_at_k.unwrap() - 0.35).abs() < 1e-12);
         assert!((s.reward - (-0.2)).abs() < 1e-12);
         assert_eq!((s.turns, s.s_per_task), (2.0, 1.5));

@@ -42,6 +42,7 @@ impl ToolService {
                 "max_context_tokens": env.max_context_tokens,
                 "max_calls_per_turn": env.max_calls_per_turn,
                 "final_k": env.final_k,
+                "submit_excess": env.submit_excess.name(),
                 "default_query": env.default_query,
                 "submit_hits": env.submit_hits,
                 "failure_reward": env.failure_reward,

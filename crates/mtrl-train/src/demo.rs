@@ -82,6 +82,12 @@ pub struct DemoRecord {
     pub teacher_best_validation_reward: f64,
     pub rft_pool: usize,
     pub rft_kept: usize,
+    /// The steps evaluated when validation chose them (`train.val_every > 0`): the control's
+    /// and RL's (`best.json`); absent: the last step.
+    #[serde(default)]
+    pub rft_step: Option<u64>,
+    #[serde(default)]
+    pub tuned_step: Option<u64>,
     /// Seconds per stage, and in all.
     pub stage_s: Vec<(String, f64)>,
     pub total_s: f64,
@@ -196,7 +202,7 @@ pub fn run(cfg: &Config, o: &DemoOptions) -> Result<DemoOutcome> {
     st.start("5/8 warm start (SFT)");
     let base = warm_start_sft(cfg, &ws, &tools, &teacher, o.progress)?;
     st.start("6/8 RFT control");
-    let (rft_dir, rft_pool, rft_kept) = match &ws.rft {
+    let (rft_dir, rft_pool, rft_kept, rft_step) = match &ws.rft {
         Some(r) => {
             let out = rft::run(
                 cfg,
@@ -209,19 +215,22 @@ pub fn run(cfg: &Config, o: &DemoOptions) -> Result<DemoOutcome> {
                 rl_steps(cfg, o),
                 o.progress,
             )?;
+            let chosen = out.best_step.map_or(String::new(), |s| {
+                format!(" (step {s} chosen on validation)")
+            });
             eprintln!(
-                "         {} of {} teacher episodes reach reward {} → {} steps → {}",
+                "         {} of {} teacher episodes reach reward {} → {} steps{chosen} → {}",
                 out.kept,
                 out.pool,
                 r.threshold,
                 out.steps,
                 out.dir.display()
             );
-            (Some(out.dir), out.pool, out.kept)
+            (Some(out.dir), out.pool, out.kept, out.best_step)
         }
         None => {
             eprintln!("         no [warm_start.rft] section: skipped");
-            (None, 0, 0)
+            (None, 0, 0, None)
         }
     };
     st.start("7/8 multi-turn RL");
@@ -262,6 +271,8 @@ pub fn run(cfg: &Config, o: &DemoOptions) -> Result<DemoOutcome> {
         teacher_best_validation_reward: eval.teacher_best_reward,
         rft_pool,
         rft_kept,
+        rft_step,
+        tuned_step: eval.tuned_step,
         stage_s: st.done,
         total_s,
     };

@@ -7,6 +7,10 @@
 //! tuned − rft and tuned − teacher-best, each with the paired bootstrap interval of the nDCG@10
 //! difference. The report is `eval.{md,json,csv}` plus `strategy.md` (tools, searches, k, hits
 //! and turns of every contender, greedy and sampled).
+//!
+//! `tuned` is the RL step that validation chose (`best.json`) when the run validated
+//! (`train.val_every > 0`), else the newest checkpoint; the RFT control's checkpoint was chosen
+//! the same way ([`crate::rft::Selection`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -58,6 +62,8 @@ pub struct DemoEval {
     pub teacher_best: Strategy,
     /// Its mean reward on the validation split.
     pub teacher_best_reward: f64,
+    /// RL's step chosen on validation (`best.json`), when it validated.
+    pub tuned_step: Option<u64>,
 }
 
 /// Runs the evaluation (see the module docs) and writes the report into `out`.
@@ -83,11 +89,17 @@ pub fn evaluate(
         "         teacher-best (on validation, mean reward {best_reward:.4}): {}",
         best.name()
     );
-    let mgr = mtrl_learner::CheckpointManager::new(&cfg.checkpoint.dir, cfg.checkpoint.keep_last);
-    let (latest, _) = mgr.latest_valid()?;
-    let tuned = latest
-        .with_context(|| format!("no checkpoint in {}", cfg.checkpoint.dir.display()))?
-        .join("policy");
+    // With validation during training, the step it chose (`best.json`); else the newest.
+    let which = if cfg.train.val_every > 0 {
+        "best"
+    } else {
+        "last"
+    };
+    let tuned = crate::validate::checkpoint_policy(&cfg.checkpoint.dir, which)?;
+    let tuned_step = (which == "best")
+        .then(|| crate::validate::best_step(&cfg.checkpoint.dir))
+        .transpose()?;
+    eprintln!("         tuned: {} ({which})", tuned.display());
     let mut settings = EvalSettings::from_config(cfg, o.eval_k)?;
     settings.tokenizer = Some(ws.tokenizer.clone());
     let sets = match o.split {
@@ -139,5 +151,6 @@ pub fn evaluate(
         report,
         teacher_best: best,
         teacher_best_reward: best_reward,
+        tuned_step,
     })
 }

@@ -128,14 +128,15 @@ pub fn table(runs: &[SeedRun]) -> Result<String> {
     let splits: Vec<&str> = runs.iter().map(|r| r.record.split.as_str()).collect();
     w!(
         out,
-        "Split: {}. Mean ± sd over seeds; reward~ = mean reward of the sampled attempts.\n",
+        "Split: {}. Mean ± sd over seeds; ndcg@10, fail_rate and turns of the greedy episode; \
+         reward~ and fail~ = mean reward and failure rate of the sampled attempts.\n",
         splits[0]
     );
     w!(
         out,
-        "| collection | queries | seeds | model | ndcg@10 | reward~ | fail_rate | turns |"
+        "| collection | queries | seeds | model | ndcg@10 | reward~ | fail_rate | fail~ | turns |"
     );
-    w!(out, "|---|---:|---:|---|---:|---:|---:|---:|");
+    w!(out, "|---|---:|---:|---|---:|---:|---:|---:|---:|");
     let labels: Vec<String> = runs[0].report.datasets[0]
         .runs
         .iter()
@@ -156,7 +157,7 @@ pub fn table(runs: &[SeedRun]) -> Result<String> {
             };
             w!(
                 out,
-                "| {c} | {n} | {} | {label} | {} | {} | {} | {} |",
+                "| {c} | {n} | {} | {label} | {} | {} | {} | {} | {} |",
                 rs.len(),
                 pm(&pick(|r| r.summary.ndcg_at_10)?, 4),
                 pm(
@@ -164,6 +165,10 @@ pub fn table(runs: &[SeedRun]) -> Result<String> {
                     4
                 ),
                 pm(&pick(|r| r.summary.fail_rate)?, 3),
+                pm(
+                    &pick(|r| r.summary.sampled_fail_rate.unwrap_or(r.summary.fail_rate))?,
+                    3
+                ),
                 pm(&pick(|r| r.summary.turns)?, 2),
             );
         }

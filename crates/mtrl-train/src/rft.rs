@@ -7,6 +7,10 @@
 //! and fine-tunes a copy of the base on them for `max_steps` steps (one shuffled pass, the kept
 //! episodes split into that many batches, a few repeated to fill the last) at `[warm_start.rft] lr` with RL's warm-up and clipping. If RL
 //! beats this, it found more than "imitate the teacher's successes".
+//!
+//! Its checkpoint is chosen as RL's is: with `train.val_every > 0` the control runs the same
+//! greedy validation every that many steps and at its last, and the best step by
+//! `train.val_metric` is what it saves ([`Selection`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,14 +18,15 @@ use std::sync::Arc;
 use candle_core::DType;
 use mtrl_core::config::{RftConfig, SftSettings, WarmStartConfig};
 use mtrl_core::rng::hash_str;
-use mtrl_core::{Config, Trajectory};
+use mtrl_core::{ChatCodec, Config, Trajectory};
 use mtrl_env::Task;
 use mtrl_model::{Policy, TemplateCodec, Tokenizer};
 use mtrl_search::SearchIndex;
 use serde_json::Value;
 
 use crate::error::{Context, Result};
-use crate::{bail, sft, warm_start};
+use crate::validate::Validator;
+use crate::{bail, setup, sft, warm_start};
 
 /// What the control trained on.
 #[derive(Debug, Clone)]
@@ -32,6 +37,67 @@ pub struct RftOutcome {
     /// Episodes at or above the threshold (what it trained on).
     pub kept: usize,
     pub steps: usize,
+    /// The step saved when validation chose it (else the last step was saved).
+    pub best_step: Option<u64>,
+}
+
+/// Validation during the control's fine-tuning, as [`crate::run::train`] validates RL: greedy
+/// episodes of the validation tasks every `train.val_every` steps and at the last, keeping a copy
+/// of the best policy by `train.val_metric`.
+pub struct Selection {
+    validator: Validator,
+    rt: tokio::runtime::Runtime,
+    /// (step, score, copy of the policy at that step).
+    best: Option<(u64, f64, Policy)>,
+}
+
+impl Selection {
+    /// `None` when `train.val_every` is 0.
+    pub fn new(cfg: &Config, codec: Arc<dyn ChatCodec>, window: usize) -> Result<Option<Self>> {
+        if cfg.train.val_every == 0 {
+            return Ok(None);
+        }
+        let data = setup::load_data(cfg)?;
+        let envs = setup::driver(cfg, &data, codec.clone(), true, window, None)?;
+        let stop = codec.stop_token_ids();
+        let validator = Validator::new(
+            cfg,
+            &data.sets.validation,
+            envs,
+            setup::engine_options(cfg),
+            stop,
+        )?;
+        let Some(validator) = validator else {
+            return Ok(None);
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        Ok(Some(Selection {
+            validator,
+            rt,
+            best: None,
+        }))
+    }
+
+    /// Validates after `step` of `total` when due; keeps `policy` if it is the best so far.
+    pub fn observe(&mut self, step: u64, total: u64, policy: &Policy) -> Result<()> {
+        if !self.validator.due(step, total) {
+            return Ok(());
+        }
+        let figures = self.validator.run(policy.fork()?, step, &self.rt)?;
+        let score = figures.score(&self.validator.metric);
+        if self.best.as_ref().is_none_or(|(_, b, _)| score > *b) {
+            self.best = Some((step, score, policy.fork()?));
+        }
+        Ok(())
+    }
+
+    /// The best step and its policy.
+    pub fn into_best(self) -> Option<(u64, Policy)> {
+        self.best.map(|(step, _, p)| (step, p))
+    }
 }
 
 /// The teacher episodes of the control's budget (see the module docs).
@@ -88,11 +154,13 @@ pub fn run(
         );
     }
     let tok = Arc::new(Tokenizer::from_dir(base)?);
-    let codec = TemplateCodec::qwen(tok)?;
+    let codec = Arc::new(TemplateCodec::qwen(tok)?);
     let device = mtrl_model::parse_device("cpu")?;
     let policy = Policy::load(base, DType::F32, &device)
         .with_context(|| format!("loading the base policy from {}", base.display()))?;
-    let mut examples = sft::examples(&codec, tools, &kept, false)?;
+    let window = policy.config().max_position_embeddings;
+    let mut selection = Selection::new(cfg, codec.clone(), window)?;
+    let mut examples = sft::examples(codec.as_ref(), tools, &kept, false)?;
     // Exactly `steps` batches: the first few kept episodes repeat to fill the last one.
     let batch = examples.len().div_ceil(steps.max(1));
     let fill = batch * steps - examples.len();
@@ -113,14 +181,30 @@ pub fn run(
         sft: settings,
         ..cfg.clone()
     };
-    let (records, _) = sft::fine_tune_logged(&rcfg, &policy, &examples, &rft.output, progress)?;
-    policy.save(&rft.output, DType::F32)?;
+    let mut on_step = |step: u64, total: u64, p: &Policy| match selection.as_mut() {
+        Some(s) => s.observe(step, total, p),
+        None => Ok(()),
+    };
+    let (records, _) = sft::fine_tune_logged_with(
+        &rcfg,
+        &policy,
+        &examples,
+        &rft.output,
+        progress,
+        &mut on_step,
+    )?;
+    let (best_step, saved) = match selection.and_then(Selection::into_best) {
+        Some((step, p)) => (Some(step), p),
+        None => (None, policy),
+    };
+    saved.save(&rft.output, DType::F32)?;
     sft::copy_tokenizer(base, &rft.output)?;
     Ok(RftOutcome {
         dir: rft.output.clone(),
         pool: pool.len(),
         kept: kept.len(),
         steps: records.len(),
+        best_step,
     })
 }
 

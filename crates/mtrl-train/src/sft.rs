@@ -137,19 +137,36 @@ pub fn fine_tune_logged(
     out: &Path,
     progress: bool,
 ) -> Result<(Vec<SftRecord>, Value)> {
+    fine_tune_logged_with(cfg, policy, examples, out, progress, &mut |_, _, _| Ok(()))
+}
+
+/// Called after every optimizer step with the step number, the total and the policy.
+pub type OnStep<'a> = dyn FnMut(u64, u64, &Policy) -> Result<()> + 'a;
+
+/// [`fine_tune_logged`] calling `on_step` after every step (e.g. to validate).
+pub fn fine_tune_logged_with(
+    cfg: &Config,
+    policy: &Policy,
+    examples: &[SftExample],
+    out: &Path,
+    progress: bool,
+    on_step: &mut OnStep<'_>,
+) -> Result<(Vec<SftRecord>, Value)> {
     let total = total_steps(examples.len(), &cfg.sft);
     let mut t = telemetry(cfg, out, total, progress)?;
-    let records = fine_tune(policy, examples, &cfg.sft, &mut t);
+    let records = fine_tune(policy, examples, &cfg.sft, &mut t, on_step);
     let summary = t.finish(status_of(&records))?;
     Ok((records?, summary))
 }
 
-/// Fine-tunes `policy` in place on `examples`; every step's record goes to `telemetry`.
+/// Fine-tunes `policy` in place on `examples`; every step's record goes to `telemetry`, then
+/// `on_step` is called.
 pub fn fine_tune(
     policy: &Policy,
     examples: &[SftExample],
     s: &SftSettings,
     telemetry: &mut Telemetry,
+    on_step: &mut OnStep<'_>,
 ) -> Result<Vec<SftRecord>> {
     let total = total_steps(examples.len(), s);
     let cfg = SftConfig {
@@ -191,6 +208,7 @@ pub fn fine_tune(
             };
             telemetry.record(Record::Sft(&rec))?;
             records.push(rec);
+            on_step(opt.step_count(), total, policy)?;
         }
     }
     Ok(records)

@@ -171,22 +171,25 @@ pub fn write_best(run: &Path, best: &Best) -> Result<()> {
     Ok(())
 }
 
+/// The step `best.json` of a run folder names.
+pub fn best_step(run: &Path) -> Result<u64> {
+    let p = best_path(run);
+    let text = std::fs::read_to_string(&p).with_context(|| {
+        format!(
+            "{}: no best checkpoint (train with train.val_every > 0)",
+            p.display()
+        )
+    })?;
+    let b: Best =
+        serde_json::from_str(&text).with_context(|| format!("{} is malformed", p.display()))?;
+    Ok(b.step)
+}
+
 /// The policy folder `which` names in a run folder: `best` (by `best.json`) or `last` (the newest
 /// valid checkpoint).
 pub fn checkpoint_policy(run: &Path, which: &str) -> Result<PathBuf> {
     let step = match which {
-        "best" => {
-            let p = best_path(run);
-            let text = std::fs::read_to_string(&p).with_context(|| {
-                format!(
-                    "{}: no best checkpoint (train with train.val_every > 0)",
-                    p.display()
-                )
-            })?;
-            let b: Best = serde_json::from_str(&text)
-                .with_context(|| format!("{} is malformed", p.display()))?;
-            b.step
-        }
+        "best" => best_step(run)?,
         "last" => {
             let mgr = mtrl_learner::CheckpointManager::new(run, 1);
             let (latest, _) = mgr.latest_valid()?;

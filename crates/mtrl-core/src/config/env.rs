@@ -6,7 +6,9 @@
 //! max_tokens_per_turn = 512    # a message not ended within this many tokens fails the episode
 //! max_context_tokens = 8192    # prompt + transcript (token mode)
 //! max_calls_per_turn = 8       # tool calls executed per message (more are answered with an error)
-//! final_k = 10                 # submitted ids scored (longer lists are cut)
+//! final_k = 10                 # submitted ids scored
+//! submit_excess = "cut"        # a submit listing more than final_k ids: "cut" (the first final_k
+//!                              # are scored) or "refuse" (an error the model can fix next turn)
 //! max_search_k = 50            # largest `k` a search tool accepts
 //! snippet_words = 60           # snippet budget per hit, in words (0: titles only)
 //! hits = "full"                # how a search result is shown: "full" ({doc_id, title, snippet}),
@@ -41,6 +43,7 @@ pub struct EnvSpec {
     pub max_context_tokens: Option<usize>,
     pub max_calls_per_turn: Option<usize>,
     pub final_k: Option<usize>,
+    pub submit_excess: Option<String>,
     pub max_search_k: Option<usize>,
     pub snippet_words: Option<usize>,
     pub hits: Option<String>,
@@ -118,6 +121,33 @@ pub struct RewardChoice {
     pub terms: Vec<(RewardKind, f64)>,
 }
 
+/// What a `submit` listing more than `final_k` ids gets (`env.submit_excess`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubmitExcess {
+    /// The first `final_k` distinct ids are scored, the rest ignored.
+    Cut,
+    /// The call is refused with an error the model sees (and may fix on its next turn): a list
+    /// has a length the model must choose, so continuing it is never free.
+    Refuse,
+}
+
+impl SubmitExcess {
+    pub fn parse(s: &str) -> Option<SubmitExcess> {
+        match s {
+            "cut" => Some(SubmitExcess::Cut),
+            "refuse" => Some(SubmitExcess::Refuse),
+            _ => None,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            SubmitExcess::Cut => "cut",
+            SubmitExcess::Refuse => "refuse",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct EnvConfig {
     pub max_turns: usize,
@@ -125,6 +155,8 @@ pub struct EnvConfig {
     pub max_context_tokens: usize,
     pub max_calls_per_turn: usize,
     pub final_k: usize,
+    /// What a submit listing more than `final_k` ids gets.
+    pub submit_excess: SubmitExcess,
     pub max_search_k: usize,
     pub snippet_words: usize,
     pub hits: HitFormat,
@@ -145,6 +177,7 @@ impl Default for EnvConfig {
             max_context_tokens: 8192,
             max_calls_per_turn: 8,
             final_k: 10,
+            submit_excess: SubmitExcess::Cut,
             max_search_k: 50,
             snippet_words: 60,
             hits: HitFormat::Full,
@@ -198,6 +231,15 @@ impl EnvSpec {
                 )
             })?,
         };
+        let submit_excess = match &self.submit_excess {
+            None => d.submit_excess,
+            Some(s) => SubmitExcess::parse(s).ok_or_else(|| {
+                ctx.invalid(
+                    "env.submit_excess",
+                    format!("`{s}` is not \"cut\" or \"refuse\""),
+                )
+            })?,
+        };
         let failure_reward = self.failure_reward.unwrap_or(d.failure_reward);
         if !failure_reward.is_finite() {
             return Err(ctx.invalid("env.failure_reward", "must be a finite number"));
@@ -241,6 +283,7 @@ impl EnvSpec {
                 1000,
             )?,
             final_k: ctx.range("env.final_k", self.final_k.unwrap_or(d.final_k), 1, 10_000)?,
+            submit_excess,
             max_search_k: ctx.range(
                 "env.max_search_k",
                 self.max_search_k.unwrap_or(d.max_search_k),
@@ -336,6 +379,26 @@ mod tests {
             .to_string();
         assert!(
             msg.contains("env.hits") && msg.contains("snippets"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn submit_excess_parses_and_unknown_values_name_the_key() {
+        let e = load("[env]\nsubmit_excess = \"refuse\"\n")
+            .unwrap()
+            .env
+            .unwrap();
+        assert_eq!(e.submit_excess, SubmitExcess::Refuse);
+        assert_eq!(
+            SubmitExcess::parse(e.submit_excess.name()),
+            Some(e.submit_excess)
+        );
+        let msg = load("[env]\nsubmit_excess = \"drop\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("env.submit_excess") && msg.contains("drop"),
             "{msg}"
         );
     }

@@ -4,10 +4,14 @@
 //! The list is cleaned before scoring: ids are trimmed, later duplicates dropped, ids the corpus
 //! does not know dropped (when a corpus is attached) and the list cut to `final_k`. An empty list
 //! is a valid (zero-scoring) answer; a missing or mistyped `doc_ids` is an error the model can fix.
+//! With [`SubmitExcess::Refuse`] (`env.submit_excess = "refuse"`) a list of more than `final_k`
+//! entries is such an error too, so the length of the list is the model's choice and writing past
+//! `final_k` is never free.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use mtrl_core::config::SubmitExcess;
 use mtrl_search::Corpus;
 use serde_json::{json, Value};
 
@@ -17,6 +21,7 @@ pub struct SubmitTool {
     final_k: usize,
     corpus: Option<Arc<Corpus>>,
     hits: bool,
+    excess: SubmitExcess,
 }
 
 impl SubmitTool {
@@ -26,7 +31,14 @@ impl SubmitTool {
             final_k,
             corpus,
             hits: false,
+            excess: SubmitExcess::Cut,
         }
+    }
+
+    /// What a list of more than `final_k` entries gets (`env.submit_excess`).
+    pub fn with_excess(mut self, excess: SubmitExcess) -> SubmitTool {
+        self.excess = excess;
+        self
     }
 
     /// Lists `hits` (ranks into the episode's search results, numbered in call order) in the schema; the environment
@@ -69,13 +81,22 @@ impl Tool for SubmitTool {
     }
 
     fn schema(&self) -> Value {
+        let refuse = self.excess == SubmitExcess::Refuse;
+        let limit = if refuse {
+            format!("at most {}", self.final_k)
+        } else {
+            format!("at most {} are scored", self.final_k)
+        };
         let mut properties = json!({
             "doc_ids": {
                 "type": "array",
                 "items": {"type": "string"},
-                "description": format!("Document ids, most relevant first (at most {} are scored).", self.final_k),
+                "description": format!("Document ids, most relevant first ({limit})."),
             }
         });
+        if refuse {
+            properties["doc_ids"]["maxItems"] = self.final_k.into();
+        }
         let mut required = json!(["doc_ids"]);
         if self.hits {
             properties["hits"] = json!({
@@ -83,6 +104,13 @@ impl Tool for SubmitTool {
                 "items": {"type": "integer"},
                 "description": "Instead of doc_ids: 1-based ranks of the hits shown so far (every search numbered in order, the second continuing after the first), most relevant first.",
             });
+            if refuse {
+                properties["hits"]["maxItems"] = self.final_k.into();
+                properties["hits"]["description"] = format!(
+                    "Instead of doc_ids: 1-based ranks of the hits shown so far (every search numbered in order, the second continuing after the first), most relevant first ({limit})."
+                )
+                .into();
+            }
             required = json!([]);
         }
         function_schema(
@@ -100,6 +128,13 @@ impl Tool for SubmitTool {
         } else {
             args.id_list("doc_ids")?
         };
+        if self.excess == SubmitExcess::Refuse && ids.len() > self.final_k {
+            return Err(ToolError::Invalid(format!(
+                "submit takes at most {} documents; {} were listed",
+                self.final_k,
+                ids.len()
+            )));
+        }
         let corpus = self.corpus.clone();
         let known = |id: &str| corpus.as_ref().is_none_or(|c| c.ord_of(id).is_some());
         let (doc_ids, unknown) = clean_ids(&ids, known, self.final_k);
@@ -146,5 +181,35 @@ mod tests {
         let qa = t.call(&json!({"answer": "Paris"})).unwrap().answer.unwrap();
         assert_eq!(qa.text.as_deref(), Some("Paris"));
         assert!(t.is_final());
+    }
+
+    #[test]
+    fn refuse_rejects_a_list_longer_than_final_k_and_cut_scores_its_head() {
+        let ids = json!({"doc_ids": ["a", "b", "c"]});
+        let cut = SubmitTool::new(2, None);
+        assert_eq!(
+            cut.call(&ids).unwrap().answer.unwrap().doc_ids,
+            vec!["a", "b"]
+        );
+        assert!(
+            cut.schema()["function"]["parameters"]["properties"]["doc_ids"]
+                .get("maxItems")
+                .is_none()
+        );
+        let refuse = SubmitTool::new(2, None).with_excess(SubmitExcess::Refuse);
+        match refuse.call(&ids) {
+            Err(ToolError::Invalid(m)) => {
+                assert!(m.contains("at most 2") && m.contains("3"), "{m}")
+            }
+            other => panic!("{:?}", other.map(|o| o.content)),
+        }
+        // Duplicates count: the list the model wrote is what is bounded.
+        assert!(refuse.call(&json!({"doc_ids": ["a", "a", "a"]})).is_err());
+        let two = refuse.call(&json!({"doc_ids": ["a", "b"]})).unwrap();
+        assert_eq!(two.answer.unwrap().doc_ids, vec!["a", "b"]);
+        let schema = refuse.with_hits(true).schema();
+        let props = &schema["function"]["parameters"]["properties"];
+        assert_eq!(props["doc_ids"]["maxItems"], 2);
+        assert_eq!(props["hits"]["maxItems"], 2);
     }
 }
