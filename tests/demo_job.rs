@@ -100,6 +100,28 @@ fn default_job_runs_every_stage_and_writes_its_outputs() {
     assert_eq!(record["tuned_step"], 2, "{record}");
     assert_eq!(record["rft_step"], 2, "{record}");
     assert!(err.contains("step-00000002/policy (best)"), "{err}");
+    // `mtrl demo-table` over that one run: the seed table, the intervals, the bar read off them,
+    // the strategy table and the seconds of every stage.
+    let (ok, table, terr) = mtrl(&["demo-table", d.join("demo").to_str().unwrap()]);
+    assert!(ok, "{terr}");
+    for needle in [
+        "| demo | 6 | 1 | tuned |",
+        "| tuned − rft | demo | 6 |",
+        "The bar, read off",
+        "| demo | tuned | ",
+        "| run | seed | total | task files | search indexes |",
+        "| demo | 0 | ",
+    ] {
+        assert!(table.contains(needle), "no `{needle}` in:\n{table}");
+    }
+    let bar = table
+        .lines()
+        .find(|l| {
+            l.starts_with("| demo | ")
+                && (l.contains("above 0") || l.contains("spans 0") || l.contains("below 0"))
+        })
+        .unwrap_or_else(|| panic!("no verdict row:\n{table}"));
+    assert_eq!(bar.matches(" / ").count(), 2, "{bar}");
     // The teacher explores (both tools, one or two searches) and uses the demo environment's
     // argument shortcuts (no query, submit by rank).
     let teacher = std::fs::read_to_string(d.join("demo/teacher.jsonl")).unwrap();

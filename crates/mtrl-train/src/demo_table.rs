@@ -6,7 +6,10 @@
 //! tuned − rft, tuned − teacher-best, tuned − each scripted baseline): the paired bootstrap
 //! interval over **queries**, each query's difference first averaged over the seeds (the seeds
 //! are not independent draws of queries); per collection and pooled over every query of every
-//! collection, for greedy nDCG@10 and for the sampled reward.
+//! collection, for greedy nDCG@10 and for the sampled reward. Then the bar of the default job
+//! read off those intervals (tuned − base and tuned − rft above, spanning or below zero; greedy
+//! failure rates; the gap to the best scripted contender), what the policies do, and the seconds
+//! of every stage of every run.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -115,6 +118,159 @@ fn sampled(r: &ModelRun, i: usize) -> f64 {
     r.tasks[i].sampled_reward.unwrap_or(r.tasks[i].reward)
 }
 
+fn failed(r: &ModelRun, i: usize) -> f64 {
+    f64::from(u8::from(r.tasks[i].failure.is_some()))
+}
+
+/// Where an interval lies with respect to zero.
+fn side(i: &Interval) -> &'static str {
+    if i.low > 0.0 {
+        "above 0"
+    } else if i.high < 0.0 {
+        "below 0"
+    } else {
+        "spans 0"
+    }
+}
+
+fn mean(v: &[f64]) -> f64 {
+    mean_sd(v).0
+}
+
+/// One contender's per-query figures (seed-averaged) over a group of queries.
+#[derive(Default, Clone)]
+struct PerQuery {
+    ndcg: Vec<f64>,
+    sampled: Vec<f64>,
+    failed: Vec<f64>,
+}
+
+impl PerQuery {
+    fn of(runs: &[&SeedRun], label: &str) -> Result<PerQuery> {
+        Ok(PerQuery {
+            ndcg: per_query(runs, label, ndcg)?,
+            sampled: per_query(runs, label, sampled)?,
+            failed: per_query(runs, label, failed)?,
+        })
+    }
+
+    fn extend(&mut self, o: PerQuery) {
+        self.ndcg.extend(o.ndcg);
+        self.sampled.extend(o.sampled);
+        self.failed.extend(o.failed);
+    }
+}
+
+/// The default job's bar, read off the runs: per collection and pooled, where the tuned − base
+/// and tuned − rft intervals lie (greedy nDCG@10 / sampled reward), the greedy failure rates of
+/// tuned and base, and tuned's gap to the best scripted contender (greedy nDCG@10, with its
+/// interval).
+fn verdicts(by: &BTreeMap<String, Vec<&SeedRun>>, scripted: &[&String]) -> Result<String> {
+    let mut out = String::new();
+    w!(
+        out,
+        "\nThe bar, read off the intervals above (greedy ndcg@10 / sampled reward~; fail_rate of \
+         the greedy episodes, seed-averaged):\n"
+    );
+    w!(
+        out,
+        "| collection | tuned − base | tuned − rft | fail_rate tuned vs base | best scripted | tuned − best scripted |"
+    );
+    w!(out, "|---|---|---|---|---|---:|");
+    let mut groups: Vec<(String, BTreeMap<String, PerQuery>)> = Vec::new();
+    let mut pooled: BTreeMap<String, PerQuery> = BTreeMap::new();
+    for (c, rs) in by {
+        let mut g = BTreeMap::new();
+        for label in ["tuned", "base", "rft"]
+            .into_iter()
+            .chain(scripted.iter().map(|s| s.as_str()))
+        {
+            let q = PerQuery::of(rs, label)?;
+            pooled
+                .entry(label.to_string())
+                .or_default()
+                .extend(q.clone());
+            g.insert(label.to_string(), q);
+        }
+        groups.push((c.clone(), g));
+    }
+    if by.len() > 1 {
+        groups.push(("**pooled**".into(), pooled));
+    }
+    let boot = |a: &[f64], b: &[f64]| paired_bootstrap(a, b, DEFAULT_RESAMPLES, 0.95, 0);
+    for (c, g) in &groups {
+        let t = &g["tuned"];
+        let vs = |label: &str| -> Result<String> {
+            let o = &g[label];
+            Ok(format!(
+                "{} / {}",
+                side(&boot(&t.ndcg, &o.ndcg)?),
+                side(&boot(&t.sampled, &o.sampled)?)
+            ))
+        };
+        let (ft, fb) = (mean(&t.failed), mean(&g["base"].failed));
+        let rel = if ft <= fb { "≤" } else { ">" };
+        let best = scripted
+            .iter()
+            .map(|s| (s.as_str(), mean(&g[s.as_str()].ndcg)))
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        let (best_cell, gap) = match best {
+            Some((name, m)) => (
+                format!("{name} {m:.4}"),
+                interval(&boot(&t.ndcg, &g[name].ndcg)?),
+            ),
+            None => ("-".into(), "-".into()),
+        };
+        w!(
+            out,
+            "| {c} | {} | {} | {ft:.3} {rel} {fb:.3} | {best_cell} | {gap} |",
+            vs("base")?,
+            vs("rft")?
+        );
+    }
+    Ok(out)
+}
+
+/// Seconds per stage of each run (`demo.json`), in the order the first run lists them.
+fn timings(runs: &[SeedRun]) -> String {
+    let mut out = String::new();
+    let stages: Vec<&str> = runs[0]
+        .record
+        .stage_s
+        .iter()
+        .map(|(s, _)| s.as_str())
+        .collect();
+    let short = |s: &str| s.split_once(' ').map_or(s, |(_, rest)| rest).to_string();
+    w!(out, "\nSeconds per stage (`demo.json`):\n");
+    let head: Vec<String> = stages.iter().map(|s| short(s)).collect();
+    w!(out, "| run | seed | total | {} |", head.join(" | "));
+    w!(out, "|---|---:|---:|{}", "---:|".repeat(stages.len()));
+    for r in runs {
+        let name = r.dir.file_name().map_or_else(
+            || r.dir.display().to_string(),
+            |n| n.to_string_lossy().into(),
+        );
+        let cells: Vec<String> = stages
+            .iter()
+            .map(|s| {
+                r.record
+                    .stage_s
+                    .iter()
+                    .find(|(n, _)| n == s)
+                    .map_or("-".into(), |(_, t)| format!("{t:.0}"))
+            })
+            .collect();
+        w!(
+            out,
+            "| {name} | {} | {:.0} | {} |",
+            r.record.seed,
+            r.record.total_s,
+            cells.join(" | ")
+        );
+    }
+    out
+}
+
 /// The Markdown tables (see the module docs).
 pub fn table(runs: &[SeedRun]) -> Result<String> {
     if runs.is_empty() {
@@ -184,7 +340,7 @@ pub fn table(runs: &[SeedRun]) -> Result<String> {
     );
     w!(out, "|---|---|---:|---:|---:|");
     let others: Vec<&String> = labels.iter().filter(|l| *l != "tuned").collect();
-    for b in others {
+    for &b in &others {
         let (mut pa, mut pb, mut sa, mut sb) = (vec![], vec![], vec![], vec![]);
         for (c, rs) in &by {
             let (a1, b1) = (per_query(rs, "tuned", ndcg)?, per_query(rs, b, ndcg)?);
@@ -215,6 +371,12 @@ pub fn table(runs: &[SeedRun]) -> Result<String> {
             );
         }
     }
+    let scripted: Vec<&String> = others
+        .iter()
+        .copied()
+        .filter(|l| !matches!(l.as_str(), "base" | "rft"))
+        .collect();
+    out.push_str(&verdicts(&by, &scripted)?);
     w!(
         out,
         "\nWhat the policies do (means over seeds of the per-run means; greedy / sampled):\n"
@@ -262,6 +424,7 @@ pub fn table(runs: &[SeedRun]) -> Result<String> {
             );
         }
     }
+    out.push_str(&timings(runs));
     Ok(out)
 }
 
@@ -276,5 +439,21 @@ mod tests {
         assert!((sd - 1.0).abs() < 1e-12);
         assert_eq!(mean_sd(&[4.0]), (4.0, 0.0));
         assert_eq!(pm(&[1.0, 3.0], 2), "2.00 ± 1.41");
+    }
+
+    #[test]
+    fn an_interval_lies_above_across_or_below_zero() {
+        let at = |low, high| Interval {
+            diff: (low + high) / 2.0,
+            low,
+            high,
+            level: 0.95,
+            resamples: 10,
+            seed: 0,
+        };
+        assert_eq!(side(&at(0.01, 0.2)), "above 0");
+        assert_eq!(side(&at(-0.01, 0.2)), "spans 0");
+        assert_eq!(side(&at(0.0, 0.2)), "spans 0");
+        assert_eq!(side(&at(-0.3, -0.2)), "below 0");
     }
 }
