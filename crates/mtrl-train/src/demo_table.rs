@@ -161,11 +161,51 @@ impl PerQuery {
     }
 }
 
-/// The default job's bar, read off the runs: per collection and pooled, where the tuned − base
+/// The queries of one collection, or of every collection pooled: each contender's per-query
+/// figures, and tuned − each other contender's intervals (greedy nDCG@10, sampled reward).
+struct Group {
+    name: String,
+    per: BTreeMap<String, PerQuery>,
+    vs: BTreeMap<String, (Interval, Interval)>,
+}
+
+impl Group {
+    fn new(name: String, per: BTreeMap<String, PerQuery>) -> Result<Group> {
+        let boot = |a: &[f64], b: &[f64]| paired_bootstrap(a, b, DEFAULT_RESAMPLES, 0.95, 0);
+        let t = &per["tuned"];
+        let mut vs = BTreeMap::new();
+        for (label, o) in per.iter().filter(|(l, _)| *l != "tuned") {
+            let i = (boot(&t.ndcg, &o.ndcg)?, boot(&t.sampled, &o.sampled)?);
+            vs.insert(label.clone(), i);
+        }
+        Ok(Group { name, per, vs })
+    }
+
+    /// Every collection in order, then all of them pooled (when there are several).
+    fn all(by: &BTreeMap<String, Vec<&SeedRun>>, labels: &[String]) -> Result<Vec<Group>> {
+        let mut groups = Vec::new();
+        let mut pooled: BTreeMap<String, PerQuery> = BTreeMap::new();
+        for (c, rs) in by {
+            let mut per = BTreeMap::new();
+            for label in labels {
+                let q = PerQuery::of(rs, label)?;
+                pooled.entry(label.clone()).or_default().extend(q.clone());
+                per.insert(label.clone(), q);
+            }
+            groups.push(Group::new(c.clone(), per)?);
+        }
+        if by.len() > 1 {
+            groups.push(Group::new("**pooled**".into(), pooled)?);
+        }
+        Ok(groups)
+    }
+}
+
+/// The default job's bar, read off the groups: per collection and pooled, where the tuned − base
 /// and tuned − rft intervals lie (greedy nDCG@10 / sampled reward), the greedy failure rates of
 /// tuned and base, and tuned's gap to the best scripted contender (greedy nDCG@10, with its
 /// interval).
-fn verdicts(by: &BTreeMap<String, Vec<&SeedRun>>, scripted: &[&String]) -> Result<String> {
+fn verdicts(groups: &[Group], scripted: &[&String]) -> String {
     let mut out = String::new();
     w!(
         out,
@@ -177,58 +217,30 @@ fn verdicts(by: &BTreeMap<String, Vec<&SeedRun>>, scripted: &[&String]) -> Resul
         "| collection | tuned − base | tuned − rft | fail_rate tuned vs base | best scripted | tuned − best scripted |"
     );
     w!(out, "|---|---|---|---|---|---:|");
-    let mut groups: Vec<(String, BTreeMap<String, PerQuery>)> = Vec::new();
-    let mut pooled: BTreeMap<String, PerQuery> = BTreeMap::new();
-    for (c, rs) in by {
-        let mut g = BTreeMap::new();
-        for label in ["tuned", "base", "rft"]
-            .into_iter()
-            .chain(scripted.iter().map(|s| s.as_str()))
-        {
-            let q = PerQuery::of(rs, label)?;
-            pooled
-                .entry(label.to_string())
-                .or_default()
-                .extend(q.clone());
-            g.insert(label.to_string(), q);
-        }
-        groups.push((c.clone(), g));
-    }
-    if by.len() > 1 {
-        groups.push(("**pooled**".into(), pooled));
-    }
-    let boot = |a: &[f64], b: &[f64]| paired_bootstrap(a, b, DEFAULT_RESAMPLES, 0.95, 0);
-    for (c, g) in &groups {
-        let t = &g["tuned"];
-        let vs = |label: &str| -> Result<String> {
-            let o = &g[label];
-            Ok(format!(
-                "{} / {}",
-                side(&boot(&t.ndcg, &o.ndcg)?),
-                side(&boot(&t.sampled, &o.sampled)?)
-            ))
+    for g in groups {
+        let vs = |label: &str| {
+            let (i1, i2) = &g.vs[label];
+            format!("{} / {}", side(i1), side(i2))
         };
-        let (ft, fb) = (mean(&t.failed), mean(&g["base"].failed));
+        let (ft, fb) = (mean(&g.per["tuned"].failed), mean(&g.per["base"].failed));
         let rel = if ft <= fb { "≤" } else { ">" };
         let best = scripted
             .iter()
-            .map(|s| (s.as_str(), mean(&g[s.as_str()].ndcg)))
+            .map(|s| (s.as_str(), mean(&g.per[s.as_str()].ndcg)))
             .max_by(|a, b| a.1.total_cmp(&b.1));
         let (best_cell, gap) = match best {
-            Some((name, m)) => (
-                format!("{name} {m:.4}"),
-                interval(&boot(&t.ndcg, &g[name].ndcg)?),
-            ),
+            Some((name, m)) => (format!("{name} {m:.4}"), interval(&g.vs[name].0)),
             None => ("-".into(), "-".into()),
         };
         w!(
             out,
-            "| {c} | {} | {} | {ft:.3} {rel} {fb:.3} | {best_cell} | {gap} |",
-            vs("base")?,
-            vs("rft")?
+            "| {} | {} | {} | {ft:.3} {rel} {fb:.3} | {best_cell} | {gap} |",
+            g.name,
+            vs("base"),
+            vs("rft")
         );
     }
-    Ok(out)
+    out
 }
 
 /// Seconds per stage of each run (`demo.json`), in the order the first run lists them.
@@ -340,34 +352,17 @@ pub fn table(runs: &[SeedRun]) -> Result<String> {
     );
     w!(out, "|---|---|---:|---:|---:|");
     let others: Vec<&String> = labels.iter().filter(|l| *l != "tuned").collect();
+    let groups = Group::all(&by, &labels)?;
     for &b in &others {
-        let (mut pa, mut pb, mut sa, mut sb) = (vec![], vec![], vec![], vec![]);
-        for (c, rs) in &by {
-            let (a1, b1) = (per_query(rs, "tuned", ndcg)?, per_query(rs, b, ndcg)?);
-            let (a2, b2) = (per_query(rs, "tuned", sampled)?, per_query(rs, b, sampled)?);
-            let i1 = paired_bootstrap(&a1, &b1, DEFAULT_RESAMPLES, 0.95, 0)?;
-            let i2 = paired_bootstrap(&a2, &b2, DEFAULT_RESAMPLES, 0.95, 0)?;
+        for g in &groups {
+            let (i1, i2) = &g.vs[b.as_str()];
             w!(
                 out,
-                "| tuned − {b} | {c} | {} | {} | {} |",
-                a1.len(),
-                interval(&i1),
-                interval(&i2)
-            );
-            pa.extend(a1);
-            pb.extend(b1);
-            sa.extend(a2);
-            sb.extend(b2);
-        }
-        if by.len() > 1 {
-            let i1 = paired_bootstrap(&pa, &pb, DEFAULT_RESAMPLES, 0.95, 0)?;
-            let i2 = paired_bootstrap(&sa, &sb, DEFAULT_RESAMPLES, 0.95, 0)?;
-            w!(
-                out,
-                "| tuned − {b} | **pooled** | {} | {} | {} |",
-                pa.len(),
-                interval(&i1),
-                interval(&i2)
+                "| tuned − {b} | {} | {} | {} | {} |",
+                g.name,
+                g.per["tuned"].ndcg.len(),
+                interval(i1),
+                interval(i2)
             );
         }
     }
@@ -376,7 +371,7 @@ pub fn table(runs: &[SeedRun]) -> Result<String> {
         .copied()
         .filter(|l| !matches!(l.as_str(), "base" | "rft"))
         .collect();
-    out.push_str(&verdicts(&by, &scripted)?);
+    out.push_str(&verdicts(&groups, &scripted));
     w!(
         out,
         "\nWhat the policies do (means over seeds of the per-run means; greedy / sampled):\n"
