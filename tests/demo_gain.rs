@@ -1,17 +1,18 @@
 //! The default job's claim, checked at full length on one seed: with the embedded demo settings
 //! (only the paths moved into a temporary folder), the RL-tuned policy beats its warm-start base
-//! and the rejection-sampling control on the held-out test queries in mean reward of sampled
-//! attempts (4 per query; a failed attempt counts -1); greedy, it beats the base in nDCG@10 and
-//! fails no more episodes than the base (the greedy collapse of an earlier recipe, lists that
-//! never closed, failed most queries on the token limit). Greedy tuned vs RFT is not asserted: on
-//! Cranfield it went either way across seeds (README, "What it shows"). Several minutes on 2
-//! cores; its own test binary, so it does not share the cores with another test of this file.
+//! on the held-out test queries, greedy in nDCG@10 and in mean reward of sampled attempts (4 per
+//! query; a failed attempt counts -1), and fails no more greedy episodes than the base (the greedy
+//! collapse of an earlier recipe, lists that never closed, failed most queries on the token
+//! limit). Tuned vs the RFT control is not asserted: on Cranfield seed 0 of recipe 5 the control
+//! was ahead both greedy and sampled, on seeds 1 and 2 behind (README, "What it shows"). Several
+//! minutes on 2 cores; its own test binary, so it does not share the cores with another test of
+//! this file.
 
 mod common;
 use common::mtrl;
 
 #[test]
-fn tuned_policy_beats_its_base_and_the_rft_control_on_held_out_queries() {
+fn tuned_policy_beats_its_base_on_held_out_queries() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = common::demo_config(dir.path(), &[]);
     let (ok, out, err) = mtrl(&[
@@ -37,19 +38,10 @@ fn tuned_policy_beats_its_base_and_the_rft_control_on_held_out_queries() {
         &run["summary"]
     };
     let figure = |label: &str, key: &str| summary(label)[key].as_f64().unwrap();
-    let (base_sampled, rft_sampled, tuned_sampled) = (
-        figure("base", "sampled_reward"),
-        figure("rft", "sampled_reward"),
-        figure("tuned", "sampled_reward"),
-    );
     let table = format!("{out}\n{err}");
     assert!(
-        tuned_sampled > base_sampled,
+        figure("tuned", "sampled_reward") > figure("base", "sampled_reward"),
         "RL did not beat its base on sampled reward:\n{table}"
-    );
-    assert!(
-        tuned_sampled > rft_sampled,
-        "RL did not beat RFT on sampled reward:\n{table}"
     );
     assert!(
         figure("tuned", "ndcg_at_10") > figure("base", "ndcg_at_10"),

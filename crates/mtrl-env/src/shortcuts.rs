@@ -8,14 +8,21 @@
 //! - `submit({"hits": [1, 3]})` submits the ids at those 1-based ranks, in the order given. The
 //!   hits of every successful search call of the episode are numbered in call order: the first
 //!   search's k₁ hits are 1…k₁, the next search's continue at k₁+1, so a list can mix the results
-//!   of several searches (a hybrid of both tools) without copying an id.
+//!   of several searches (a hybrid of both tools) without copying an id;
+//! - `submit({"top": 10})` submits the first 10 distinct ids of those results in call order, and
+//!   `submit({"top": 10, "interleave": true})` takes them round-robin across the searches (1st of
+//!   each, then 2nd of each, …): a whole ranked list in a few tokens, for a model that cannot yet
+//!   count out `[1, 2, …, 10]`. `top` past `final_k` is refused under `submit_excess = "refuse"`.
 //!
 //! The trajectory keeps the arguments the model wrote; the resolved ids are the call's
 //! `result_ids`.
 
+use std::collections::HashSet;
+
+use mtrl_core::config::SubmitExcess;
 use mtrl_core::trajectory::ToolCallRecord;
 use mtrl_core::EnvConfig;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::tool::Tool;
 
@@ -32,26 +39,96 @@ pub fn resolve(
         return Ok(arguments.clone());
     };
     if tool.is_final() {
-        if !cfg.submit_hits || !map.contains_key("hits") {
-            return Ok(arguments.clone());
+        return resolve_submit(cfg, tool, map, earlier);
+    }
+    if cfg.default_query && !map.contains_key("query") && takes_query(tool) {
+        let mut out = map.clone();
+        out.insert("query".into(), Value::String(question.to_string()));
+        return Ok(Value::Object(out));
+    }
+    Ok(arguments.clone())
+}
+
+/// `submit` with `hits` or `top` resolved into `doc_ids` (unchanged when neither is given or the
+/// shortcut is off).
+fn resolve_submit(
+    cfg: &EnvConfig,
+    tool: &dyn Tool,
+    map: &Map<String, Value>,
+    earlier: &[ToolCallRecord],
+) -> Result<Value, String> {
+    let has_hits = map.contains_key("hits");
+    let has_top = map.contains_key("top");
+    if !cfg.submit_hits || !(has_hits || has_top || map.contains_key("interleave")) {
+        return Ok(Value::Object(map.clone()));
+    }
+    if [map.contains_key("doc_ids"), has_hits, has_top]
+        .iter()
+        .filter(|&&b| b)
+        .count()
+        > 1
+    {
+        return Err("give one of `doc_ids`, `hits` or `top`".into());
+    }
+    // Every successful search of the episode, in call order.
+    let searches: Vec<&Vec<String>> = earlier
+        .iter()
+        .filter(|c| c.error.is_none() && c.name != tool.name())
+        .map(|c| &c.result_ids)
+        .collect();
+    let ids = if has_hits {
+        if map.contains_key("interleave") {
+            return Err("`interleave` goes with `top`, not with `hits`".into());
         }
-        if map.contains_key("doc_ids") {
-            return Err("give `doc_ids` or `hits`, not both".into());
+        by_rank(&map["hits"], &searches)?
+    } else {
+        let Some(top) = map.get("top") else {
+            return Err(
+                "`interleave` goes with `top`: e.g. {\"top\": 10, \"interleave\": true}".into(),
+            );
+        };
+        let n = top
+            .as_u64()
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| format!("`top` holds {top}, not a count (1, 2, …)"))?
+            as usize;
+        if cfg.submit_excess == SubmitExcess::Refuse && n > cfg.final_k {
+            return Err(format!(
+                "submit takes at most {} documents; `top` asked for {n}",
+                cfg.final_k
+            ));
         }
-        let ranks = map["hits"]
-            .as_array()
-            .ok_or("`hits` must be a list of 1-based ranks, e.g. [1, 2, 3]")?;
-        // Every successful search of the episode, numbered in call order.
-        let searches: Vec<&ToolCallRecord> = earlier
-            .iter()
-            .filter(|c| c.error.is_none() && c.name != tool.name())
-            .collect();
+        let interleave = match map.get("interleave") {
+            None => false,
+            Some(v) => v
+                .as_bool()
+                .ok_or_else(|| format!("`interleave` holds {v}, not true or false"))?,
+        };
         if searches.is_empty() {
-            return Err("`hits` refers to the results of a search, and there was none yet".into());
+            return Err("`top` takes the results of a search, and there was none yet".into());
         }
-        let all: Vec<&String> = searches.iter().flat_map(|c| &c.result_ids).collect();
-        let mut ids = Vec::with_capacity(ranks.len());
-        for r in ranks {
+        top_hits(&searches, n, interleave)
+    };
+    let mut out = map.clone();
+    for key in ["hits", "top", "interleave"] {
+        out.remove(key);
+    }
+    out.insert("doc_ids".into(), Value::Array(ids));
+    Ok(Value::Object(out))
+}
+
+/// `hits`: the ids at these 1-based ranks, every search numbered in call order.
+fn by_rank(ranks: &Value, searches: &[&Vec<String>]) -> Result<Vec<Value>, String> {
+    let ranks = ranks
+        .as_array()
+        .ok_or("`hits` must be a list of 1-based ranks, e.g. [1, 2, 3]")?;
+    if searches.is_empty() {
+        return Err("`hits` refers to the results of a search, and there was none yet".into());
+    }
+    let all: Vec<&String> = searches.iter().flat_map(|ids| ids.iter()).collect();
+    ranks
+        .iter()
+        .map(|r| {
             let rank = r
                 .as_u64()
                 .filter(|&r| r >= 1)
@@ -62,19 +139,29 @@ pub fn resolve(
                     all.len()
                 )
             })?;
-            ids.push(Value::String((*id).clone()));
-        }
-        let mut out = map.clone();
-        out.remove("hits");
-        out.insert("doc_ids".into(), Value::Array(ids));
-        return Ok(Value::Object(out));
-    }
-    if cfg.default_query && !map.contains_key("query") && takes_query(tool) {
-        let mut out = map.clone();
-        out.insert("query".into(), Value::String(question.to_string()));
-        return Ok(Value::Object(out));
-    }
-    Ok(arguments.clone())
+            Ok(Value::String((*id).clone()))
+        })
+        .collect()
+}
+
+/// `top`: the first `n` distinct ids of the searches' results, concatenated in call order or
+/// round-robin (1st of each search, then 2nd of each, …); fewer when fewer were shown.
+fn top_hits(searches: &[&Vec<String>], n: usize, interleave: bool) -> Vec<Value> {
+    let order: Vec<&String> = if interleave {
+        let longest = searches.iter().map(|s| s.len()).max().unwrap_or(0);
+        (0..longest)
+            .flat_map(|i| searches.iter().filter_map(move |s| s.get(i)))
+            .collect()
+    } else {
+        searches.iter().flat_map(|s| s.iter()).collect()
+    };
+    let mut seen = HashSet::new();
+    order
+        .into_iter()
+        .filter(|id| seen.insert(id.as_str()))
+        .take(n)
+        .map(|id| Value::String(id.clone()))
+        .collect()
 }
 
 /// Whether `tool`'s schema has a `query` parameter.
@@ -133,6 +220,76 @@ mod tests {
         let off = EnvConfig::default();
         let args = json!({"hits": [1]});
         assert_eq!(resolve(&off, &submit, &args, "q", &earlier).unwrap(), args);
+    }
+
+    #[test]
+    fn top_takes_the_first_distinct_hits_in_call_order_or_round_robin() {
+        let cfg = EnvConfig {
+            submit_hits: true,
+            final_k: 4,
+            submit_excess: SubmitExcess::Refuse,
+            ..EnvConfig::default()
+        };
+        let submit = SubmitTool::new(4, None);
+        let earlier = vec![
+            search("bm25_search", &["a", "b", "c"], false),
+            search("vector_search", &["x"], true),
+            search("vector_search", &["b", "d"], false),
+        ];
+        let go = |args: Value| resolve(&cfg, &submit, &args, "q", &earlier);
+        assert_eq!(
+            go(json!({"top": 4})).unwrap(),
+            json!({"doc_ids": ["a", "b", "c", "d"]})
+        );
+        // Round-robin: a, b (1st of each), b again (skipped), d, then c.
+        assert_eq!(
+            go(json!({"top": 4, "interleave": true})).unwrap(),
+            json!({"doc_ids": ["a", "b", "d", "c"]})
+        );
+        assert_eq!(
+            go(json!({"top": 3, "interleave": true})).unwrap(),
+            json!({"doc_ids": ["a", "b", "d"]})
+        );
+        assert_eq!(
+            go(json!({"top": 2, "interleave": false})).unwrap(),
+            json!({"doc_ids": ["a", "b"]})
+        );
+        let two = vec![
+            search("bm25_search", &["a", "b", "c"], false),
+            search("vector_search", &["d", "a", "e"], false),
+        ];
+        let rr = resolve(
+            &cfg,
+            &submit,
+            &json!({"top": 4, "interleave": true}),
+            "q",
+            &two,
+        );
+        assert_eq!(rr.unwrap(), json!({"doc_ids": ["a", "d", "b", "c"]}));
+        // Fewer than asked when fewer were shown.
+        let one = &two[..1];
+        let out = resolve(&cfg, &submit, &json!({"top": 4}), "q", one).unwrap();
+        assert_eq!(out, json!({"doc_ids": ["a", "b", "c"]}));
+        for (bad, needle) in [
+            (json!({"top": 5}), "at most 4"),
+            (json!({"top": 0}), "not a count"),
+            (json!({"top": "3"}), "not a count"),
+            (json!({"top": 2, "interleave": 1}), "not true or false"),
+            (json!({"interleave": true}), "goes with `top`"),
+            (json!({"hits": [1], "interleave": true}), "not with `hits`"),
+            (json!({"top": 2, "hits": [1]}), "one of"),
+            (json!({"top": 2, "doc_ids": []}), "one of"),
+        ] {
+            let err = go(bad.clone()).unwrap_err();
+            assert!(err.contains(needle), "{bad}: {err}");
+        }
+        assert!(resolve(&cfg, &submit, &json!({"top": 1}), "q", &[]).is_err());
+        // Past final_k is cut, not refused, under submit_excess = "cut".
+        let cut = EnvConfig {
+            submit_excess: SubmitExcess::Cut,
+            ..cfg.clone()
+        };
+        assert!(resolve(&cut, &submit, &json!({"top": 9}), "q", &earlier).is_ok());
     }
 
     struct Echo;

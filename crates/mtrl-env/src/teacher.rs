@@ -10,6 +10,9 @@
 //!   next ones k₁+1…), ordered by rank (concatenated), or round-robin across the searches with
 //!   probability `p_interleave` (when there are two or more), then reversed or shuffled with
 //!   probability `p_reorder`; the first `n` of them, `n` uniform in `1..=min(hits, final_k)`.
+//!   With `env.submit_hits` the submit lists those ranks (`{"hits": [1, 4, 2, …]}`), or, with
+//!   probability `p_top` when the list is not reordered, names the same choice in the compact form
+//!   `{"top": n}` / `{"top": n, "interleave": true}` (the first `n` *distinct* hits).
 //!
 //! SFT on these episodes gives a policy that samples many strategies; which of them pays (which
 //! tool or mix, how many hits, which order) is what RL has to find. [`Strategy`] is also a
@@ -53,6 +56,9 @@ pub struct TeacherSpec {
     pub omit_query: bool,
     /// Submit by rank, `{"hits": [1, …]}` (needs `env.submit_hits`).
     pub submit_hits: bool,
+    /// Probability that a submit that is not reordered is written `{"top": n}` (with
+    /// `"interleave": true` for round-robin) instead of listing ranks (needs `submit_hits`).
+    pub p_top: f64,
 }
 
 impl Default for TeacherSpec {
@@ -68,6 +74,7 @@ impl Default for TeacherSpec {
             keyword_queries: true,
             omit_query: false,
             submit_hits: false,
+            p_top: 0.0,
         }
     }
 }
@@ -93,6 +100,8 @@ pub struct Strategy {
     pub reorder: Reorder,
     /// Hits submitted (fewer when the searches returned fewer).
     pub submit: usize,
+    /// Written `{"top": submit}` (the first distinct hits) rather than as a list of ranks.
+    pub top: bool,
 }
 
 impl Strategy {
@@ -117,12 +126,15 @@ impl Strategy {
         };
         // Drawn here, capped by the hits actually seen when submitting.
         let submit = 1 + rng.below(spec.final_k.max(1));
+        // Drawn last, so that `p_top` leaves every other choice of the seed as it was.
+        let top = spec.submit_hits && reorder == Reorder::None && rng.next_f64() < spec.p_top;
         Strategy {
             searches,
             one_message,
             interleave,
             reorder,
             submit,
+            top,
         }
     }
 
@@ -144,7 +156,8 @@ impl Strategy {
             Reorder::Reversed => order.push_str(" reversed"),
             Reorder::Shuffled(_) => order.push_str(" shuffled"),
         }
-        format!("{} {order} top{}", tools.join("+"), self.submit)
+        let form = if self.top { " (as top)" } else { "" };
+        format!("{} {order} top{}{form}", tools.join("+"), self.submit)
     }
 
     /// The 1-based global ranks to submit, given how many hits each search returned.
@@ -278,6 +291,14 @@ impl Agent for FixedStrategy {
             .map(|m| hit_ids(&m.content))
             .collect();
         let lens: Vec<usize> = lists.iter().map(Vec::len).collect();
+        if self.submit_hits && s.top {
+            let args = if s.interleave {
+                json!({"top": s.submit, "interleave": true})
+            } else {
+                json!({"top": s.submit})
+            };
+            return Ok(Action::text(call("submit", args)));
+        }
         let ranks = s.ranks(&lens);
         if self.submit_hits {
             return Ok(Action::text(call("submit", json!({"hits": ranks}))));
@@ -328,6 +349,7 @@ mod tests {
             interleave,
             reorder,
             submit,
+            top: false,
         }
     }
 
@@ -421,6 +443,27 @@ mod tests {
             ..spec.clone()
         };
         assert_eq!(share(&no_reorder, reordered), 0.0);
+        // `p_top` needs submit_hits, skips reordered lists and leaves every other draw alone.
+        assert_eq!(share(&spec, |s| s.top), 0.0);
+        let hits = TeacherSpec {
+            submit_hits: true,
+            ..spec.clone()
+        };
+        let tops = TeacherSpec {
+            p_top: 1.0,
+            ..hits.clone()
+        };
+        assert!((share(&tops, |s| s.top) - 0.8).abs() < 0.03);
+        assert_eq!(share(&tops, |s| s.top && s.reorder != Reorder::None), 0.0);
+        let no_top = TeacherSpec {
+            p_top: 1.0,
+            ..spec.clone()
+        };
+        assert_eq!(share(&no_top, |s| s.top), 0.0);
+        for seed in 0..50u64 {
+            let (a, b) = (Strategy::sample(&hits, seed), Strategy::sample(&tops, seed));
+            assert_eq!(Strategy { top: false, ..b }, a);
+        }
         // Deterministic per seed, different across seeds.
         assert_eq!(Strategy::sample(&spec, 5), Strategy::sample(&spec, 5));
         assert!((0..50u64).any(|s| Strategy::sample(&spec, s) != Strategy::sample(&spec, s + 50)));

@@ -459,3 +459,48 @@ fn a_submit_longer_than_final_k_is_cut_or_refused_as_configured() {
     assert_eq!(t.tools.errors, 1);
     assert_eq!(t.answer, Some(vec!["d1".to_string(), "d0".to_string()]));
 }
+
+#[test]
+fn submit_top_takes_the_first_distinct_hits_of_the_episode() {
+    use mtrl_core::config::SubmitExcess;
+    let cfg = EnvConfig {
+        default_query: true,
+        submit_hits: true,
+        final_k: 3,
+        submit_excess: SubmitExcess::Refuse,
+        ..EnvConfig::default()
+    };
+    let tools: Vec<Arc<dyn Tool>> = vec![
+        Arc::new(
+            SearchTool::new("bm25_search", "d", Arc::new(OnlyWings), 5, 20, 0)
+                .with_optional_query(true),
+        ),
+        Arc::new(
+            SubmitTool::new(cfg.final_k, None)
+                .with_hits(true)
+                .with_excess(cfg.submit_excess),
+        ),
+    ];
+    let mut e = SearchEnv::new(cfg, tools, Arc::new(NdcgAt(10))).unwrap();
+    cont(e.reset(&task()).unwrap());
+    // The same search twice: d0 d1, then d0 d1 d2 — `top` skips the repeats.
+    let twice = r#"<tool_call>{"name":"bm25_search","arguments":{"k":2}}</tool_call>
+<tool_call>{"name":"bm25_search","arguments":{"k":3}}</tool_call>"#;
+    cont(e.step(Action::text(twice)).unwrap());
+    let over = r#"<tool_call>{"name":"submit","arguments":{"top":4}}</tool_call>"#;
+    let obs = cont(e.step(Action::text(over)).unwrap());
+    let reply = &obs.messages.last().unwrap().content;
+    assert!(reply.contains("at most 3"), "{reply}");
+    let top = r#"<tool_call>{"name":"submit","arguments":{"top":3,"interleave":true}}</tool_call>"#;
+    assert_eq!(e.step(Action::text(top)).unwrap(), Step::Done);
+    let t = e.finish().unwrap();
+    assert_eq!(
+        t.answer,
+        Some(vec!["d0".to_string(), "d1".to_string(), "d2".to_string()])
+    );
+    let last = t.tool_calls.last().unwrap();
+    assert_eq!(
+        last.arguments,
+        serde_json::json!({"top": 3, "interleave": true})
+    );
+}

@@ -34,6 +34,7 @@ pub fn teacher_spec(ws: &WarmStartConfig, env: &EnvConfig) -> TeacherSpec {
         p_one_message: ws.p_one_message,
         p_interleave: ws.p_interleave,
         p_reorder: ws.p_reorder,
+        p_top: ws.p_top,
         keyword_queries: ws.keyword_queries,
         omit_query: env.default_query,
         submit_hits: env.submit_hits,

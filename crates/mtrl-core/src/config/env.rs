@@ -14,7 +14,8 @@
 //! hits = "full"                # how a search result is shown: "full" ({doc_id, title, snippet}),
 //!                              # "titles" ({doc_id, title}) or "ids" (["12", "884", …])
 //! default_query = false        # a search call may leave out `query`: the task's question is searched
-//! submit_hits = false          # `submit` also takes `hits`: 1-based ranks of the hits shown (searches numbered in order)
+//! submit_hits = false          # `submit` also takes `hits`: 1-based ranks of the hits shown (searches numbered in order),
+//!                              # or `top` (+ `interleave`): the first n distinct hits, in order or round-robin
 //! failure_reward = -1.0
 //! reward = "ndcg@10"           # "recall@K", "exact_match", or a weighted sum:
 //! # reward = { "ndcg@10" = 0.8, "recall@100" = 0.2 }

@@ -23,7 +23,8 @@
 //! max_searches = 2                      # the teacher's action space (mtrl-env's teacher):
 //! p_one_message = 0.5                   #   searches per episode, in one message or one per turn,
 //! p_interleave = 0.5                    #   round-robin across searches or rank order,
-//! p_reorder = 0.2                       #   reversed or shuffled submissions
+//! p_reorder = 0.2                       #   reversed or shuffled submissions,
+//! p_top = 0.0                           #   submit({"top": n}) instead of listing ranks (env.submit_hits)
 //! keyword_queries = true               # the teacher searches with content words only
 //! id_tokens = true                      # every document id is one token of the tokenizer
 //!
@@ -115,6 +116,7 @@ pub struct WarmStartSpec {
     pub p_one_message: Option<f64>,
     pub p_interleave: Option<f64>,
     pub p_reorder: Option<f64>,
+    pub p_top: Option<f64>,
     pub keyword_queries: Option<bool>,
     pub id_tokens: Option<bool>,
     pub rft: Option<RftSpec>,
@@ -149,6 +151,7 @@ pub struct WarmStartConfig {
     pub p_one_message: f64,
     pub p_interleave: f64,
     pub p_reorder: f64,
+    pub p_top: f64,
     pub keyword_queries: bool,
     pub id_tokens: bool,
     pub rft: Option<RftConfig>,
@@ -215,6 +218,7 @@ impl WarmStartSpec {
             p_one_message: prob("warm_start.p_one_message", self.p_one_message, 0.5)?,
             p_interleave: prob("warm_start.p_interleave", self.p_interleave, 0.5)?,
             p_reorder: prob("warm_start.p_reorder", self.p_reorder, 0.2)?,
+            p_top: prob("warm_start.p_top", self.p_top, 0.0)?,
             keyword_queries: self.keyword_queries.unwrap_or(true),
             id_tokens: self.id_tokens.unwrap_or(true),
             rft,

@@ -41,8 +41,9 @@ impl SubmitTool {
         self
     }
 
-    /// Lists `hits` (ranks into the episode's search results, numbered in call order) in the schema; the environment
-    /// resolves them into `doc_ids` (`env.submit_hits`, see [`crate::shortcuts`]).
+    /// Lists `hits` (ranks into the episode's search results, numbered in call order) and
+    /// `top`/`interleave` (the first distinct hits) in the schema; the environment resolves them
+    /// into `doc_ids` (`env.submit_hits`, see [`crate::shortcuts`]).
     pub fn with_hits(mut self, hits: bool) -> SubmitTool {
         self.hits = hits;
         self
@@ -111,6 +112,18 @@ impl Tool for SubmitTool {
                 )
                 .into();
             }
+            properties["top"] = json!({
+                "type": "integer",
+                "minimum": 1,
+                "description": format!("Instead of doc_ids or hits: submit the first `top` distinct hits shown so far ({limit})."),
+            });
+            if refuse {
+                properties["top"]["maximum"] = self.final_k.into();
+            }
+            properties["interleave"] = json!({
+                "type": "boolean",
+                "description": "With `top`: take the hits round-robin across the searches (1st of each, then 2nd of each, …) instead of one search after the other.",
+            });
             required = json!([]);
         }
         function_schema(
@@ -211,5 +224,11 @@ mod tests {
         let props = &schema["function"]["parameters"]["properties"];
         assert_eq!(props["doc_ids"]["maxItems"], 2);
         assert_eq!(props["hits"]["maxItems"], 2);
+        assert_eq!(props["top"]["maximum"], 2);
+        assert!(props["interleave"].is_object());
+        let plain = SubmitTool::new(2, None).schema();
+        assert!(plain["function"]["parameters"]["properties"]
+            .get("top")
+            .is_none());
     }
 }
