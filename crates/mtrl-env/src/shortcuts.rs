@@ -17,14 +17,13 @@
 //! The trajectory keeps the arguments the model wrote; the resolved ids are the call's
 //! `result_ids`.
 
-use std::collections::HashSet;
-
 use mtrl_core::config::SubmitExcess;
 use mtrl_core::trajectory::ToolCallRecord;
 use mtrl_core::EnvConfig;
 use serde_json::{Map, Value};
 
 use crate::tool::Tool;
+use crate::tools::clean_ids;
 
 /// The arguments `tool` is called with: `arguments` with the enabled shortcuts resolved, or the
 /// error message the model is shown.
@@ -147,20 +146,45 @@ fn by_rank(ranks: &Value, searches: &[&Vec<String>]) -> Result<Vec<Value>, Strin
 /// `top`: the first `n` distinct ids of the searches' results, concatenated in call order or
 /// round-robin (1st of each search, then 2nd of each, …); fewer when fewer were shown.
 fn top_hits(searches: &[&Vec<String>], n: usize, interleave: bool) -> Vec<Value> {
-    let order: Vec<&String> = if interleave {
-        let longest = searches.iter().map(|s| s.len()).max().unwrap_or(0);
-        (0..longest)
-            .flat_map(|i| searches.iter().filter_map(move |s| s.get(i)))
+    let all: Vec<String> = searches
+        .iter()
+        .flat_map(|ids| ids.iter().cloned())
+        .collect();
+    let order: Vec<String> = if interleave {
+        let lens: Vec<usize> = searches.iter().map(|ids| ids.len()).collect();
+        round_robin(&lens)
+            .into_iter()
+            .map(|r| all[r - 1].clone())
             .collect()
     } else {
-        searches.iter().flat_map(|s| s.iter()).collect()
+        all
     };
-    let mut seen = HashSet::new();
-    order
+    clean_ids(&order, |_| true, n)
+        .0
         .into_iter()
-        .filter(|id| seen.insert(id.as_str()))
-        .take(n)
-        .map(|id| Value::String(id.clone()))
+        .map(Value::String)
+        .collect()
+}
+
+/// The 1-based ranks of searches that returned `lens` hits (numbered in call order, as `hits`
+/// numbers them), round-robin: the 1st of each search, then the 2nd of each, …
+pub fn round_robin(lens: &[usize]) -> Vec<usize> {
+    let offsets: Vec<usize> = lens
+        .iter()
+        .scan(0, |total, &l| {
+            let o = *total;
+            *total += l;
+            Some(o)
+        })
+        .collect();
+    let longest = lens.iter().copied().max().unwrap_or(0);
+    (0..longest)
+        .flat_map(|i| {
+            lens.iter()
+                .zip(&offsets)
+                .filter(move |(l, _)| i < **l)
+                .map(move |(_, o)| o + i + 1)
+        })
         .collect()
 }
 

@@ -30,6 +30,7 @@ use crate::env::{Action, Agent, Observation};
 use crate::error::{EnvError, Result};
 use crate::parser::format_tool_call;
 use crate::scripted::hit_ids;
+use crate::shortcuts::round_robin;
 
 /// The teacher's action space and how it samples it.
 #[derive(Debug, Clone, PartialEq)]
@@ -162,24 +163,10 @@ impl Strategy {
 
     /// The 1-based global ranks to submit, given how many hits each search returned.
     pub fn ranks(&self, lens: &[usize]) -> Vec<usize> {
-        let mut offsets = Vec::with_capacity(lens.len());
-        let mut total = 0;
-        for &l in lens {
-            offsets.push(total);
-            total += l;
-        }
         let mut ranks: Vec<usize> = if self.interleave {
-            let longest = lens.iter().copied().max().unwrap_or(0);
-            (0..longest)
-                .flat_map(|i| {
-                    lens.iter()
-                        .zip(&offsets)
-                        .filter(move |(l, _)| i < **l)
-                        .map(move |(_, o)| o + i + 1)
-                })
-                .collect()
+            round_robin(lens)
         } else {
-            (1..=total).collect()
+            (1..=lens.iter().sum()).collect()
         };
         match self.reorder {
             Reorder::None => {}

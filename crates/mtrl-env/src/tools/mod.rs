@@ -5,4 +5,4 @@ mod search;
 mod submit;
 
 pub use search::{IndexRetriever, SearchTool};
-pub use submit::SubmitTool;
+pub use submit::{clean_ids, SubmitTool};
