@@ -270,14 +270,7 @@ impl Agent for FixedStrategy {
             self.done += take;
             return Ok(Action::text(calls.join("\n")));
         }
-        // Every search's hits, in call order (error responses hold none).
-        let lists: Vec<Vec<String>> = obs
-            .messages
-            .iter()
-            .filter(|m| m.role == Role::Tool && m.name.as_deref() != Some("submit"))
-            .map(|m| hit_ids(&m.content))
-            .collect();
-        let lens: Vec<usize> = lists.iter().map(Vec::len).collect();
+        // The compact form names the choice; the environment resolves it against the hits.
         if self.submit_hits && s.top {
             let args = if s.interleave {
                 json!({"top": s.submit, "interleave": true})
@@ -286,6 +279,14 @@ impl Agent for FixedStrategy {
             };
             return Ok(Action::text(call("submit", args)));
         }
+        // Every search's hits, in call order (error responses hold none).
+        let lists: Vec<Vec<String>> = obs
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::Tool && m.name.as_deref() != Some("submit"))
+            .map(|m| hit_ids(&m.content))
+            .collect();
+        let lens: Vec<usize> = lists.iter().map(Vec::len).collect();
         let ranks = s.ranks(&lens);
         if self.submit_hits {
             return Ok(Action::text(call("submit", json!({"hits": ranks}))));
