@@ -25,6 +25,8 @@ pub mod episode;
 pub mod error;
 pub mod faults;
 pub mod gate;
+mod group;
+mod in_order;
 pub mod pick;
 pub mod runner;
 
@@ -33,8 +35,8 @@ pub use episode::{in_process, sample_seed, Driver, EpisodeFuture, EpisodeId};
 pub use error::{Result, RolloutError};
 pub use faults::{FaultKind, Faults, FAULTS_VAR};
 pub use gate::Gate;
+pub use in_order::InOrder;
 pub use pick::PickEnv;
 pub use runner::{
-    EnvFactory, FaultCounters, Group, InOrder, Rollout, RolloutCounters, RolloutSettings, Shard,
-    TaskSource,
+    EnvFactory, FaultCounters, Group, Rollout, RolloutCounters, RolloutSettings, Shard, TaskSource,
 };

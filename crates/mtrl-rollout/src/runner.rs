@@ -19,13 +19,13 @@
 //! `max_failed_fraction` of the finished ones (and at least one), or a group runs out of
 //! replacements.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, Sender};
 use mtrl_env::{Environment, Mixer, Task, Trajectory};
 use mtrl_model::{Engine, SamplingParams};
 use tokio::runtime::Handle;
@@ -34,10 +34,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::engine_thread::{EngineStats, EngineThread, WeightUpdate};
-use crate::episode::{Driver, EnvStats, EpisodeContext, EpisodeId};
+use crate::episode::{Driver, EnvStats, EpisodeContext};
 use crate::error::{Result, RolloutError};
 use crate::faults::Faults;
 use crate::gate::Gate;
+use crate::group::GroupRun;
 
 /// A finished group: its admission index and its `group_size` trajectories in sample order.
 pub type Group = (u64, Vec<Trajectory>);
@@ -161,7 +162,11 @@ pub struct Rollout {
     fault_counts: Arc<FaultCounters>,
 }
 
-fn fail(slot: &Mutex<Option<RolloutError>>, cancel: &CancellationToken, e: RolloutError) {
+pub(crate) fn fail(
+    slot: &Mutex<Option<RolloutError>>,
+    cancel: &CancellationToken,
+    e: RolloutError,
+) {
     if let Ok(mut s) = slot.lock() {
         if s.is_none() && !matches!(e, RolloutError::Cancelled) {
             *s = Some(e);
@@ -363,244 +368,5 @@ impl Scheduler {
             self.admitted.store(index, Ordering::Relaxed);
             metrics::counter!("mtrl_rollout_groups_admitted_total").increment(1);
         }
-    }
-}
-
-/// One admitted group with what its episodes share.
-struct GroupRun {
-    index: u64,
-    task: Task,
-    settings: RolloutSettings,
-    driver: Arc<dyn Driver>,
-    cx: Arc<EpisodeContext>,
-    sem: Arc<Semaphore>,
-    cancel: CancellationToken,
-    failure: Arc<Mutex<Option<RolloutError>>>,
-    counts: Arc<FaultCounters>,
-}
-
-impl GroupRun {
-    /// Runs the group (replacing it while an episode fails) and sends it to the learner.
-    async fn run(self, tx: Sender<Group>) {
-        let mut replacement = 0u32;
-        let trajs = loop {
-            match self.attempt_group(replacement).await {
-                Ok(trajs) => break trajs,
-                Err(RolloutError::Cancelled) => return,
-                Err(e) => {
-                    if let Some(stop) = self.too_many_errors(&e) {
-                        return fail(&self.failure, &self.cancel, stop);
-                    }
-                    if replacement as usize >= self.settings.max_retries {
-                        let e = RolloutError::Internal(format!(
-                            "group {} (task {}) failed {} times; last error: {e}",
-                            self.index,
-                            self.task.id,
-                            replacement + 1
-                        ));
-                        return fail(&self.failure, &self.cancel, e);
-                    }
-                    replacement += 1;
-                    self.counts.replaced.fetch_add(1, Ordering::Relaxed);
-                    metrics::counter!("mtrl_rollout_groups_replaced_total").increment(1);
-                }
-            }
-        };
-        // The channel holds (η + 1)·B groups, which the gate never exceeds; block off the
-        // runtime threads anyway in case a consumer is slow.
-        let item = (self.index, trajs);
-        if let Err(crossbeam_channel::TrySendError::Full(item)) = tx.try_send(item) {
-            let _ = tokio::task::spawn_blocking(move || tx.send(item)).await;
-        }
-    }
-
-    /// The run-stopping error once errored episodes exceed the allowed fraction.
-    fn too_many_errors(&self, last: &RolloutError) -> Option<RolloutError> {
-        let errored = self.counts.errored.load(Ordering::Relaxed);
-        let finished = self.counts.finished.load(Ordering::Relaxed);
-        let f = self.settings.max_failed_fraction;
-        let allowed = (f * (errored + finished) as f64).max(if f > 0.0 { 1.0 } else { 0.0 });
-        (errored as f64 > allowed).then(|| {
-            RolloutError::Internal(format!(
-                "{errored} of {} episodes failed after {} retries each, over                  rollout.max_failed_fraction = {f}; last error: {last}",
-                errored + finished,
-                self.settings.max_retries
-            ))
-        })
-    }
-
-    /// Every episode of the group; the first episode that fails all its attempts fails it.
-    async fn attempt_group(&self, replacement: u32) -> Result<Vec<Trajectory>> {
-        let mut handles = Vec::with_capacity(self.settings.group_size);
-        for sample in 0..self.settings.group_size as u64 {
-            let id = EpisodeId {
-                group: self.index,
-                sample,
-                attempt: 0,
-                replacement,
-            };
-            let ep = Episode {
-                id,
-                task: self.task.clone(),
-                driver: self.driver.clone(),
-                cx: self.cx.clone(),
-                timeout: self.settings.timeout,
-                max_retries: self.settings.max_retries,
-                counts: self.counts.clone(),
-            };
-            let (sem, cancel) = (self.sem.clone(), self.cancel.clone());
-            handles.push(tokio::spawn(async move {
-                let work = async {
-                    let _permit = sem
-                        .acquire_owned()
-                        .await
-                        .map_err(|_| RolloutError::Cancelled)?;
-                    ep.run().await
-                };
-                tokio::select! {
-                    _ = cancel.cancelled() => Err(RolloutError::Cancelled),
-                    r = work => r,
-                }
-            }));
-        }
-        let mut trajs = Vec::with_capacity(handles.len());
-        let mut first_err = None;
-        for h in handles {
-            match h.await {
-                Ok(Ok(t)) => trajs.push(t),
-                Ok(Err(e)) => {
-                    first_err.get_or_insert(e);
-                }
-                Err(e) => {
-                    first_err.get_or_insert(RolloutError::Internal(format!("episode task: {e}")));
-                }
-            }
-        }
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(trajs),
-        }
-    }
-}
-
-/// One episode with its retries.
-struct Episode {
-    id: EpisodeId,
-    task: Task,
-    driver: Arc<dyn Driver>,
-    cx: Arc<EpisodeContext>,
-    timeout: Option<Duration>,
-    max_retries: usize,
-    counts: Arc<FaultCounters>,
-}
-
-impl Episode {
-    async fn run(mut self) -> Result<Trajectory> {
-        loop {
-            let r = self.attempt().await;
-            match r {
-                Ok(t) => {
-                    self.counts.finished.fetch_add(1, Ordering::Relaxed);
-                    return Ok(t);
-                }
-                Err(RolloutError::Cancelled) => return Err(RolloutError::Cancelled),
-                // The engine is gone: retrying cannot help.
-                Err(RolloutError::EngineStopped) => return Err(RolloutError::EngineStopped),
-                Err(e) if self.id.attempt as usize >= self.max_retries => {
-                    self.counts.errored.fetch_add(1, Ordering::Relaxed);
-                    metrics::counter!("mtrl_rollout_episodes_errored_total").increment(1);
-                    return Err(e);
-                }
-                Err(_) => {
-                    self.id.attempt += 1;
-                    self.counts.retries.fetch_add(1, Ordering::Relaxed);
-                    metrics::counter!("mtrl_rollout_episode_retries_total").increment(1);
-                }
-            }
-        }
-    }
-
-    async fn attempt(&self) -> Result<Trajectory> {
-        let work = self
-            .driver
-            .episode(self.cx.clone(), self.task.clone(), self.id);
-        match self.timeout {
-            None => work.await,
-            Some(limit) => match tokio::time::timeout(limit, work).await {
-                Ok(r) => r,
-                Err(_) => {
-                    self.counts.timeouts.fetch_add(1, Ordering::Relaxed);
-                    metrics::counter!("mtrl_rollout_episode_timeouts_total").increment(1);
-                    Err(RolloutError::Timeout {
-                        task: self.task.id.clone(),
-                        seconds: limit.as_secs_f64(),
-                    })
-                }
-            },
-        }
-    }
-}
-
-/// Reassembles finished groups into learner batches in admission order: batch k is exactly
-/// groups `k·B .. (k+1)·B`, whatever order they finished in.
-pub struct InOrder {
-    rx: Receiver<Group>,
-    next: u64,
-    buffer: BTreeMap<u64, Vec<Trajectory>>,
-    shard: Shard,
-}
-
-impl InOrder {
-    /// Groups received and not yet handed out.
-    pub fn buffered(&self) -> usize {
-        self.buffer.len()
-    }
-
-    /// `next` is the index of the first group of the next batch.
-    pub fn new(rx: Receiver<Group>, next: u64) -> InOrder {
-        InOrder {
-            rx,
-            next,
-            buffer: BTreeMap::new(),
-            shard: Shard::default(),
-        }
-    }
-
-    /// Batches of this rank's groups only (see [`Shard`]).
-    pub fn sharded(mut self, shard: Shard) -> InOrder {
-        self.shard = shard;
-        self
-    }
-
-    /// Waits for the next `batch` groups; `None` when `timeout` passed first (call again) —
-    /// groups received meanwhile are kept. Errors when the rollout side is gone.
-    pub fn next_batch(
-        &mut self,
-        batch: usize,
-        timeout: Duration,
-    ) -> std::result::Result<Option<Vec<Vec<Trajectory>>>, RolloutError> {
-        let deadline = Instant::now() + timeout;
-        let end = self.next + batch as u64;
-        let shard = self.shard;
-        let mine = move |i: &u64| shard.owns(*i, batch);
-        while (self.next..end)
-            .filter(mine)
-            .any(|i| !self.buffer.contains_key(&i))
-        {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.rx.recv_timeout(left) {
-                Ok((i, g)) => {
-                    self.buffer.insert(i, g);
-                }
-                Err(RecvTimeoutError::Timeout) => return Ok(None),
-                Err(RecvTimeoutError::Disconnected) => return Err(RolloutError::Stopped),
-            }
-        }
-        let out = (self.next..end)
-            .filter(mine)
-            .filter_map(|i| self.buffer.remove(&i))
-            .collect();
-        self.next = end;
-        Ok(Some(out))
     }
 }
