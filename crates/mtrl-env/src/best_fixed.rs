@@ -4,9 +4,9 @@
 //! Candidates: each tool alone at `k = max_k`; each ordered pair of different tools at every
 //! `(k₁, k₂)` in `1..=max_k`, ranked (concatenated) or interleaved; all in one message and
 //! submitting `final_k` hits — in the compact `{"top": final_k}` form when the teacher writes it
-//! (`p_top > 0`), which skips repeated ids and so never scores less than listing the ranks. Submitting fewer hits or reordering never raises nDCG@k in
-//! expectation, and a third search repeats one of the two lists, so the rest of the teacher's space
-//! is left out. Every candidate is played as real episodes through the environment's tools; the
+//! (`p_top > 0`), which skips repeated ids and so never scores less than listing the ranks.
+//! Submitting fewer hits or reordering never raises nDCG@k in expectation, and a third search
+//! repeats one of the two lists, so the rest of the teacher's space is left out. Every candidate is played as real episodes through the environment's tools; the
 //! searches are memoized (the same question and `k` give the same hits), which makes the sweep
 //! cheap.
 

@@ -146,10 +146,7 @@ fn by_rank(ranks: &Value, searches: &[&Vec<String>]) -> Result<Vec<Value>, Strin
 /// `top`: the first `n` distinct ids of the searches' results, concatenated in call order or
 /// round-robin (1st of each search, then 2nd of each, …); fewer when fewer were shown.
 fn top_hits(searches: &[&Vec<String>], n: usize, interleave: bool) -> Vec<Value> {
-    let all: Vec<String> = searches
-        .iter()
-        .flat_map(|ids| ids.iter().cloned())
-        .collect();
+    let all: Vec<&String> = searches.iter().flat_map(|ids| ids.iter()).collect();
     let order: Vec<String> = if interleave {
         let lens: Vec<usize> = searches.iter().map(|ids| ids.len()).collect();
         round_robin(&lens)
@@ -157,7 +154,7 @@ fn top_hits(searches: &[&Vec<String>], n: usize, interleave: bool) -> Vec<Value>
             .map(|r| all[r - 1].clone())
             .collect()
     } else {
-        all
+        all.into_iter().cloned().collect()
     };
     clean_ids(&order, |_| true, n)
         .0
