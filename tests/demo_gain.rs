@@ -1,11 +1,13 @@
 //! The default job's claim, checked at full length on one seed: with the embedded demo settings
 //! (only the paths moved into a temporary folder), the RL-tuned policy beats its warm-start base
-//! on the held-out test queries in greedy nDCG@10. Only that is asserted, because only that held
-//! on every run of recipe 5's Cranfield seed 0 (three runs, RL reruns differ): in one of them (this
-//! test, dev profile) the sampled reward fell below the base's (0.1372 vs 0.1976) and one greedy
-//! episode failed; tuned vs the RFT control went either way (README, "What it shows"). Several
-//! minutes on 2 cores; its own test binary, so it does not share the cores with another test of
-//! this file.
+//! on the held-out test queries in greedy nDCG@10 and in mean sampled reward. Up to recipe 5 the
+//! RL stage depended on timing (rollouts took up new weights mid-episode): four runs of this seed
+//! gave sampled rewards from 0.1372 (this test's own run, below base) to 0.2983. Recipe 6 pins
+//! each group to one weight version (`weight_sync = "pinned"`), so the run is a function of its
+//! seeds (release build, Cranfield seed 0: greedy tuned 0.3447 vs base 0.1021, sampled 0.2828 vs
+//! 0.1976; README). Tuned vs RFT is level on this seed under greedy decoding, so it is not
+//! asserted. Several minutes on 2 cores; its own test binary, so it does not share the cores with
+//! another test of this file.
 
 mod common;
 use common::mtrl;
@@ -41,5 +43,9 @@ fn tuned_policy_beats_its_base_on_held_out_queries() {
     assert!(
         figure("tuned", "ndcg_at_10") > figure("base", "ndcg_at_10"),
         "RL did not beat its base on greedy nDCG@10:\n{table}"
+    );
+    assert!(
+        figure("tuned", "sampled_reward") > figure("base", "sampled_reward"),
+        "RL did not beat its base on sampled reward:\n{table}"
     );
 }

@@ -133,7 +133,47 @@ fn default_job_runs_every_stage_and_writes_its_outputs() {
         "the teacher wrote a query"
     );
     kill_nine_and_faults(d);
+    pinned_runs_ignore_timing(d);
     agents(d);
+}
+
+/// The demo's pinned rollouts (`weight_sync = "pinned"`) with its staleness of 1: the run does not
+/// depend on timing — 64 episodes in flight or one at a time, the same weights, step records and
+/// trajectories bit for bit (with `"latest"`, later turns would take up whichever version the
+/// learner had published by then).
+fn pinned_runs_ignore_timing(d: &std::path::Path) {
+    let config = |name: &str, concurrency: &str| {
+        let p = rl_config(d, name);
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(
+            text.contains("weight_sync = \"pinned\""),
+            "the demo is not pinned"
+        );
+        let text = text
+            .replace("max_staleness = 0", "max_staleness = 1")
+            .replace(
+                "rollout_max_concurrency = 1\n",
+                &format!("rollout_max_concurrency = {concurrency}\n"),
+            );
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let wide = config("rl-pinned-64", "64");
+    let narrow = config("rl-pinned-1", "1");
+    run_to_end(&wide, None, &[]);
+    run_to_end(&narrow, None, &[]);
+    let (a, b) = (
+        run_files(&d.join("rl-pinned-64")),
+        run_files(&d.join("rl-pinned-1")),
+    );
+    let stale: u64 =
+        a.2.iter()
+            .map(|r| r["staleness_counts"][1].as_u64().unwrap_or(0))
+            .sum();
+    assert!(stale > 0, "no sample was one version old: {:?}", a.2);
+    assert!(a.0 == b.0, "the weights depend on rollout_max_concurrency");
+    assert_eq!(a.2, b.2, "step records differ");
+    assert_eq!(a.3, b.3, "trajectory logs differ");
 }
 
 /// The demo's RL stage from its SFT checkpoint in `d`, synchronous (η = 0), one episode at a time,

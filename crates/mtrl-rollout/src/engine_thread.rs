@@ -8,6 +8,10 @@
 //! Invariant (what η = 0 relies on): weights are only replaced between decode steps, and a weight
 //! update sent before a request is applied before that request's first step, because requests are
 //! drained before updates and both are drained before every step.
+//!
+//! Pinned rollouts ([`crate::pin`]) hold an update back until [`Pins::may_apply`] allows it, and
+//! then apply updates in version order (never skipping one a group is pinned to); the version the
+//! engine serves is published on a watch channel ([`EngineThread::served`]) for the scheduler.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -18,9 +22,10 @@ use std::time::{Duration, Instant};
 use candle_core::Tensor;
 use crossbeam_channel::{select, Receiver, Sender};
 use mtrl_model::{Completion, Engine, GenerationRequest, SeqId};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use crate::error::{Result, RolloutError};
+use crate::pin::Pins;
 
 type Reply = oneshot::Sender<std::result::Result<Completion, String>>;
 
@@ -93,29 +98,44 @@ pub struct EngineThread {
     pub client: GenClient,
     pub weights: Sender<WeightUpdate>,
     pub stats: Arc<EngineStats>,
+    /// The version the engine serves, raised as updates are applied.
+    pub served: watch::Receiver<u64>,
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<std::result::Result<(), String>>>,
 }
 
 impl EngineThread {
-    /// Moves `engine` onto a new thread.
+    /// Moves `engine` onto a new thread; updates are applied as soon as they arrive.
     pub fn spawn(engine: Engine) -> Result<EngineThread> {
+        EngineThread::spawn_pinned(engine, None)
+    }
+
+    /// Moves `engine` onto a new thread; with `pins`, an update waits until they allow it.
+    pub fn spawn_pinned(engine: Engine, pins: Option<Arc<Pins>>) -> Result<EngineThread> {
         let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded();
         // Bounded: a learner that outruns an engine waits (see `Rollout::publish`) instead of
         // queueing full copies of the weights.
         let (w_tx, w_rx) = crossbeam_channel::bounded(WEIGHTS_QUEUE);
         let stats = Arc::new(EngineStats::default());
         stats.version.store(engine.version(), Ordering::SeqCst);
+        let (served_tx, served) = watch::channel(engine.version());
         let stop = Arc::new(AtomicBool::new(false));
         let (s, st) = (stats.clone(), stop.clone());
+        let updates = Updates {
+            rx: w_rx,
+            pins,
+            served: served_tx,
+            held: std::collections::VecDeque::new(),
+        };
         let handle = std::thread::Builder::new()
             .name("mtrl-engine".into())
-            .spawn(move || engine_loop(engine, jobs_rx, w_rx, s, st))
+            .spawn(move || engine_loop(engine, jobs_rx, updates, s, st))
             .map_err(|e| RolloutError::Internal(format!("cannot start the engine thread: {e}")))?;
         Ok(EngineThread {
             client: GenClient { jobs: jobs_tx },
             weights: w_tx,
             stats,
+            served,
             stop,
             handle: Some(handle),
         })
@@ -138,10 +158,38 @@ impl Drop for EngineThread {
     }
 }
 
+/// The engine's side of the weight channel.
+struct Updates {
+    rx: Receiver<WeightUpdate>,
+    pins: Option<Arc<Pins>>,
+    served: watch::Sender<u64>,
+    /// Received, not yet allowed (pinned only). At most η + 1 of them: the learner publishes
+    /// u + 1 only after training on batch u, whose groups need the engine at version u − η.
+    held: std::collections::VecDeque<WeightUpdate>,
+}
+
+impl Updates {
+    /// The update to apply now, if any: the newest one received (unpinned), or the newest of the
+    /// leading held ones that the pins allow, in order.
+    fn next(&mut self) -> Option<WeightUpdate> {
+        while let Ok(w) = self.rx.try_recv() {
+            self.held.push_back(w);
+        }
+        let mut take = None;
+        while let Some(w) = self.held.front() {
+            if self.pins.as_ref().is_some_and(|p| !p.may_apply(w.version)) {
+                break;
+            }
+            take = self.held.pop_front();
+        }
+        take
+    }
+}
+
 fn engine_loop(
     mut engine: Engine,
     jobs: Receiver<Job>,
-    weights: Receiver<WeightUpdate>,
+    mut updates: Updates,
     stats: Arc<EngineStats>,
     stop: Arc<AtomicBool>,
 ) -> std::result::Result<(), String> {
@@ -165,12 +213,16 @@ fn engine_loop(
             }
         }
     };
-    let apply = |engine: &mut Engine, u: WeightUpdate| -> std::result::Result<(), String> {
+    let apply = |engine: &mut Engine,
+                 u: WeightUpdate,
+                 served: &watch::Sender<u64>|
+     -> std::result::Result<(), String> {
         let t0 = Instant::now();
         engine
             .update_weights(u.version, &u.tensors)
             .map_err(|e| format!("weight update to version {}: {e}", u.version))?;
         stats.version.store(u.version, Ordering::SeqCst);
+        served.send_replace(u.version);
         metrics::gauge!("mtrl_rollout_engine_policy_version").set(u.version as f64);
         let ns = t0.elapsed().as_nanos() as u64;
         stats.publish_ns.fetch_add(ns, Ordering::Relaxed);
@@ -186,21 +238,18 @@ fn engine_loop(
                     Ok(j) => take(&mut engine, j, &mut pending),
                     Err(_) => break Ok(()),
                 },
-                recv(weights) -> w => if let Ok(w) = w {
-                    if let Err(e) = apply(&mut engine, w) { break Err(e); }
+                recv(updates.rx) -> w => if let Ok(w) = w {
+                    updates.held.push_back(w);
                 },
-                default(Duration::from_millis(50)) => {}
+                // Also how often a held update is looked at again while the engine is idle.
+                default(Duration::from_millis(if updates.held.is_empty() { 50 } else { 2 })) => {}
             }
         }
         while let Ok(j) = jobs.try_recv() {
             take(&mut engine, j, &mut pending);
         }
-        let mut latest = None;
-        while let Ok(w) = weights.try_recv() {
-            latest = Some(w);
-        }
-        if let Some(w) = latest {
-            if let Err(e) = apply(&mut engine, w) {
+        if let Some(w) = updates.next() {
+            if let Err(e) = apply(&mut engine, w, &updates.served) {
                 break Err(e);
             }
         }

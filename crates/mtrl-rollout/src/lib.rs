@@ -17,7 +17,9 @@
 //!
 //! Invariants: this crate never imports `mtrl-learner` (weights come back through
 //! [`Rollout::publish`] as plain candle tensors); every sampled token carries the version of the
-//! weights that produced its logits; with η = 0 every token of batch k was sampled by version k.
+//! weights that produced its logits; with η = 0 every token of batch k was sampled by version k;
+//! with pinned rollouts ([`pin`]) every token of group i was sampled by version
+//! max(v₀, ⌊i/B⌋ − η), whatever the timing.
 //! [`pick`] is a one-token toy environment used by CI to show that the loop learns.
 
 pub mod engine_thread;
@@ -28,6 +30,7 @@ pub mod gate;
 mod group;
 mod in_order;
 pub mod pick;
+pub mod pin;
 pub mod runner;
 
 pub use engine_thread::{EngineStats, GenClient, WeightUpdate};
@@ -37,6 +40,7 @@ pub use faults::{FaultKind, Faults, FAULTS_VAR};
 pub use gate::Gate;
 pub use in_order::InOrder;
 pub use pick::PickEnv;
+pub use pin::{Pins, WeightSync};
 pub use runner::{
     EnvFactory, FaultCounters, Group, Rollout, RolloutCounters, RolloutSettings, Shard, TaskSource,
 };

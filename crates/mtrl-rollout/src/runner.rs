@@ -39,6 +39,7 @@ use crate::error::{Result, RolloutError};
 use crate::faults::Faults;
 use crate::gate::Gate;
 use crate::group::GroupRun;
+use crate::pin::{Pins, WeightSync};
 
 /// A finished group: its admission index and its `group_size` trajectories in sample order.
 pub type Group = (u64, Vec<Trajectory>);
@@ -109,6 +110,8 @@ pub struct RolloutSettings {
     pub faults: Arc<Faults>,
     /// This rank's groups (all of them for one process).
     pub shard: Shard,
+    /// How episodes take up new weights ([`crate::pin`]).
+    pub weight_sync: WeightSync,
 }
 
 /// Fault bookkeeping, monotonic.
@@ -185,7 +188,18 @@ impl Rollout {
         settings: RolloutSettings,
         rt: &Handle,
     ) -> Result<(Rollout, Receiver<Group>)> {
-        let engine = EngineThread::spawn(engine)?;
+        let admitted = Arc::new(AtomicU64::new(settings.first_group));
+        let pins = (settings.weight_sync == WeightSync::Pinned).then(|| {
+            Arc::new(Pins::new(
+                settings.global_batch_size as u64,
+                settings.max_staleness,
+                settings.version,
+                settings.end_group,
+                admitted.clone(),
+            ))
+        });
+        let engine = EngineThread::spawn_pinned(engine, pins.clone())?;
+        let served = engine.served.clone();
         let cap = (settings.max_staleness as usize + 1) * settings.global_batch_size.max(1);
         let (tx, rx) = crossbeam_channel::bounded(cap);
         let (version_tx, version_rx) = watch::channel(settings.version);
@@ -197,7 +211,7 @@ impl Rollout {
             engine_stats: engine.stats.clone(),
             env_stats: Arc::new(EnvStats::default()),
             wait_ns: Arc::new(AtomicU64::new(0)),
-            admitted: Arc::new(AtomicU64::new(settings.first_group)),
+            admitted,
             engine: Some(engine),
             faults: settings.faults.clone(),
             fault_counts: Arc::new(FaultCounters::default()),
@@ -221,6 +235,8 @@ impl Rollout {
             cx,
             tx,
             version: version_rx,
+            served,
+            pins,
             sem: Arc::new(Semaphore::new(1)),
             cancel: r.cancel.clone(),
             tracker: r.tracker.clone(),
@@ -305,6 +321,9 @@ struct Scheduler {
     cx: Arc<EpisodeContext>,
     tx: Sender<Group>,
     version: watch::Receiver<u64>,
+    /// The version the engine serves (pinned rollouts wait for a group's version).
+    served: watch::Receiver<u64>,
+    pins: Option<Arc<Pins>>,
     sem: Arc<Semaphore>,
     cancel: CancellationToken,
     tracker: TaskTracker,
@@ -329,12 +348,15 @@ impl Scheduler {
             let t0 = Instant::now();
             loop {
                 let v = *self.version.borrow_and_update();
-                if gate.may_admit(index, v) {
+                let served = *self.served.borrow_and_update();
+                let pinned_ok = self.pins.as_ref().is_none_or(|p| served >= p.pin(index));
+                if gate.may_admit(index, v) && pinned_ok {
                     break;
                 }
                 tokio::select! {
                     _ = self.cancel.cancelled() => return,
                     r = self.version.changed() => if r.is_err() { return },
+                    r = self.served.changed() => if r.is_err() { return },
                 }
             }
             let waited = t0.elapsed();
@@ -349,7 +371,7 @@ impl Scheduler {
             {
                 // Another rank's group: its task is drawn (the cursor stays global), not run.
                 index += 1;
-                self.admitted.store(index, Ordering::Relaxed);
+                self.admitted.store(index, Ordering::SeqCst);
                 continue;
             }
             let g = GroupRun {
@@ -363,9 +385,23 @@ impl Scheduler {
                 failure: self.failure.clone(),
                 counts: self.counts.clone(),
             };
-            self.tracker.spawn(g.run(self.tx.clone()));
+            match &self.pins {
+                Some(pins) => {
+                    // Registered before the admitted counter moves past it (see `Pins`).
+                    let running = pins.start(index);
+                    let tx = self.tx.clone();
+                    self.tracker.spawn(async move {
+                        g.run(tx).await;
+                        drop(running);
+                    });
+                }
+                None => {
+                    self.tracker.spawn(g.run(self.tx.clone()));
+                }
+            }
             index += 1;
-            self.admitted.store(index, Ordering::Relaxed);
+            // SeqCst: a pinned engine that reads this count must also see `pins.start(index)`.
+            self.admitted.store(index, Ordering::SeqCst);
             metrics::counter!("mtrl_rollout_groups_admitted_total").increment(1);
         }
     }

@@ -14,6 +14,7 @@ use mtrl_env::{EnvError, Task};
 use mtrl_model::{Engine, Policy, SamplingParams, TemplateCodec, Tokenizer};
 use mtrl_rollout::{
     EnvFactory, Faults, InOrder, PickEnv, Rollout, RolloutError, RolloutSettings, TaskSource,
+    WeightSync,
 };
 
 fn fixture() -> PathBuf {
@@ -51,6 +52,16 @@ fn start_with(
     faults: &str,
     timeout: Option<Duration>,
 ) -> (tokio::runtime::Runtime, Rollout, InOrder) {
+    start_synced(staleness, envs, faults, timeout, WeightSync::Latest)
+}
+
+fn start_synced(
+    staleness: u64,
+    envs: Option<EnvFactory>,
+    faults: &str,
+    timeout: Option<Duration>,
+    weight_sync: WeightSync,
+) -> (tokio::runtime::Runtime, Rollout, InOrder) {
     let policy = Policy::load(&fixture(), DType::F32, &Device::Cpu).unwrap();
     let tok = Arc::new(Tokenizer::from_dir(&fixture()).unwrap());
     let codec: Arc<dyn ChatCodec> = Arc::new(TemplateCodec::qwen(tok).unwrap());
@@ -80,6 +91,7 @@ fn start_with(
         max_failed_fraction: 0.1,
         faults: Arc::new(Faults::parse(faults, 7).unwrap()),
         shard: Default::default(),
+        weight_sync,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -150,6 +162,42 @@ fn synchronous_gate_and_weight_pickup() {
     let c = r.counters();
     assert_eq!((c.admitted, c.engine_version), (4, 1));
     assert!(c.tokens >= 12 && c.generate_s > 0.0);
+    rt.block_on(r.shutdown()).unwrap();
+}
+
+fn fixture_weights() -> HashMap<String, candle_core::Tensor> {
+    Policy::load(&fixture(), DType::F32, &Device::Cpu)
+        .unwrap()
+        .named_parameters()
+        .iter()
+        .map(|(n, v)| (n.clone(), v.as_tensor().copy().unwrap()))
+        .collect()
+}
+
+#[test]
+fn pinned_groups_see_only_their_version() {
+    // B = 2, η = 1: group i runs on version max(0, ⌊i/2⌋ − 1) whatever the learner publishes
+    // meanwhile. The learner here jumps from version 0 to 2 at once; an unpinned engine would
+    // take version 2 up for batch 2 (groups 4, 5), a pinned one keeps it on version 1.
+    let (rt, r, mut batches) = start_synced(1, None, "", None, WeightSync::Pinned);
+    let wait = Duration::from_secs(30);
+    let b0 = batches.next_batch(2, wait).unwrap().unwrap();
+    assert!(versions(&b0).iter().all(|v| *v == 0));
+    r.publish(1, fixture_weights(), wait).unwrap();
+    r.publish(2, fixture_weights(), wait).unwrap();
+    let b1 = batches.next_batch(2, wait).unwrap().unwrap();
+    assert!(versions(&b1).iter().all(|v| *v == 0), "{:?}", versions(&b1));
+    let b2 = batches.next_batch(2, wait).unwrap().unwrap();
+    assert!(versions(&b2).iter().all(|v| *v == 1), "{:?}", versions(&b2));
+    let b3 = batches.next_batch(2, wait).unwrap().unwrap();
+    assert!(versions(&b3).iter().all(|v| *v == 2), "{:?}", versions(&b3));
+    // Version 2 admits (η + 2 + 1)·B = 8 groups, no more.
+    assert!(batches
+        .next_batch(1, Duration::from_millis(400))
+        .unwrap()
+        .is_none());
+    let c = r.counters();
+    assert_eq!((c.admitted, c.engine_version), (8, 2));
     rt.block_on(r.shutdown()).unwrap();
 }
 

@@ -21,6 +21,9 @@
 //! timeout_s = 600.0              # an episode running longer fails (and is retried); 0 = none
 //! max_retries = 2                # attempts after the first for an episode that errored
 //! max_failed_fraction = 0.1      # the run stops when more episodes than this have errored
+//! weight_sync = "latest"         # or "pinned": every episode of group i runs on version
+//!                                # max(v₀, ⌊i/B⌋ − η) from first token to last, so a run does
+//!                                # not depend on timing (mtrl-rollout's `pin`)
 //! ```
 
 use serde::Deserialize;
@@ -47,6 +50,26 @@ pub struct RolloutSpec {
     pub agent_protocol: Option<String>,
     pub agent_listen: Option<String>,
     pub agent_endpoint: Option<String>,
+    pub weight_sync: Option<String>,
+}
+
+/// How rollouts take up the learner's new weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WeightSync {
+    /// Between decode steps, as soon as published: fresher tokens, timing-dependent.
+    #[default]
+    Latest,
+    /// Group i only ever sees version max(v₀, ⌊i/B⌋ − η): reproducible whatever the timing.
+    Pinned,
+}
+
+impl WeightSync {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            WeightSync::Latest => "latest",
+            WeightSync::Pinned => "pinned",
+        }
+    }
 }
 
 /// Which environment episodes run in.
@@ -89,6 +112,7 @@ pub struct RolloutConfig {
     pub max_failed_fraction: f64,
     /// `environment = "agent"`: how to reach the agent.
     pub agent: Option<AgentConfig>,
+    pub weight_sync: WeightSync,
 }
 
 /// Where the user's agent is and how it is called.
@@ -117,6 +141,7 @@ impl Default for RolloutConfig {
             max_retries: 2,
             max_failed_fraction: 0.1,
             agent: None,
+            weight_sync: WeightSync::Latest,
         }
     }
 }
@@ -151,6 +176,16 @@ impl RolloutSpec {
             }
         };
         let agent = agent(&self, environment, ctx)?;
+        let weight_sync = match self.weight_sync.as_deref().unwrap_or("latest") {
+            "latest" => WeightSync::Latest,
+            "pinned" => WeightSync::Pinned,
+            other => {
+                return Err(ctx.invalid(
+                    "rollout.weight_sync",
+                    format!("`{other}` is not \"latest\" or \"pinned\""),
+                ))
+            }
+        };
         let timeout_s = match self.timeout_s {
             None => d.timeout_s,
             Some(0.0) => None,
@@ -201,6 +236,7 @@ impl RolloutSpec {
             )?,
             environment,
             agent,
+            weight_sync,
         })
     }
 }
@@ -261,4 +297,31 @@ fn agent(spec: &RolloutSpec, env: EnvironmentKind, ctx: &Ctx<'_>) -> Result<Opti
         listen,
         endpoint: spec.agent_endpoint.clone(),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::Config;
+
+    fn load(text: &str) -> Result<Config> {
+        Config::from_toml_str(text, Path::new("configs/r.toml"))
+    }
+
+    #[test]
+    fn weight_sync_parses_and_names_a_bad_value() {
+        assert_eq!(load("").unwrap().rollout.weight_sync, WeightSync::Latest);
+        let c = load("[rollout]\nweight_sync = \"pinned\"\n").unwrap();
+        assert_eq!(c.rollout.weight_sync, WeightSync::Pinned);
+        assert_eq!(c.rollout.weight_sync.as_str(), "pinned");
+        let msg = load("[rollout]\nweight_sync = \"newest\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("rollout.weight_sync") && msg.contains("newest") && msg.contains("r.toml"),
+            "{msg}"
+        );
+    }
 }

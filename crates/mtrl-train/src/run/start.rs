@@ -229,5 +229,6 @@ pub(super) fn rollout_settings(
         max_failed_fraction: cfg.rollout.max_failed_fraction,
         faults,
         shard,
+        weight_sync: cfg.rollout.weight_sync,
     }
 }
