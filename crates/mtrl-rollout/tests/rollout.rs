@@ -146,13 +146,8 @@ fn synchronous_gate_and_weight_pickup() {
         .unwrap()
         .is_none());
     assert_eq!(r.counters().admitted, 2);
-    let weights: HashMap<_, _> = Policy::load(&fixture(), DType::F32, &Device::Cpu)
-        .unwrap()
-        .named_parameters()
-        .iter()
-        .map(|(n, v)| (n.clone(), v.as_tensor().copy().unwrap()))
-        .collect();
-    r.publish(1, weights, Duration::from_secs(30)).unwrap();
+    r.publish(1, fixture_weights(), Duration::from_secs(30))
+        .unwrap();
     let b1 = batches
         .next_batch(2, Duration::from_secs(30))
         .unwrap()

@@ -63,15 +63,6 @@ pub enum WeightSync {
     Pinned,
 }
 
-impl WeightSync {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            WeightSync::Latest => "latest",
-            WeightSync::Pinned => "pinned",
-        }
-    }
-}
-
 /// Which environment episodes run in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EnvironmentKind {
@@ -315,7 +306,6 @@ mod tests {
         assert_eq!(load("").unwrap().rollout.weight_sync, WeightSync::Latest);
         let c = load("[rollout]\nweight_sync = \"pinned\"\n").unwrap();
         assert_eq!(c.rollout.weight_sync, WeightSync::Pinned);
-        assert_eq!(c.rollout.weight_sync.as_str(), "pinned");
         let msg = load("[rollout]\nweight_sync = \"newest\"\n")
             .unwrap_err()
             .to_string();
