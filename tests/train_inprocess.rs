@@ -109,22 +109,7 @@ fn validation_runs_during_training_and_keeps_the_best() {
     let base = train(&cfg, TrainOptions::default()).unwrap().records;
 
     let dir = tempfile::tempdir().unwrap();
-    let p = write_config(
-        dir.path(),
-        "group_size = 4\nrollout_max_concurrency = 4",
-        "global_batch_size = 4\nmax_steps = 4\nval_every = 2\nval_metric = 'val_reward'",
-        "every_steps = 1\nkeep_last = 1",
-    );
-    let text = std::fs::read_to_string(&p).unwrap().replace(
-        "validation_fraction = 0.0",
-        &format!(
-            "validation = \"{}\"",
-            train_common::fixtures().join("pick/tasks.jsonl").display()
-        ),
-    );
-    std::fs::write(&p, text).unwrap();
-    let cfg = mtrl_core::Config::load(&p).unwrap();
-    let s = train(&cfg, TrainOptions::default()).unwrap();
+    let s = validated_run(dir.path(), "");
     let run = dir.path().join("run");
     let recs: Vec<StepRecord> = read_jsonl(&run.join("metrics.jsonl")).unwrap();
     assert_eq!(recs.len(), 4);
@@ -133,6 +118,7 @@ fn validation_runs_during_training_and_keeps_the_best() {
         assert_eq!(r.val_reward_mean.is_some(), due, "step {}", r.step);
         assert_eq!(r.val_failure_rate.is_some(), due);
         assert_eq!(r.val_turns_mean, due.then_some(1.0));
+        assert_eq!(r.val_sampled_reward_mean, None);
     }
     for (a, b) in base.iter().zip(&s.records) {
         assert_eq!(
@@ -163,6 +149,75 @@ fn validation_runs_during_training_and_keeps_the_best() {
     );
     let written = mtrl_eval::plot::plot_run(&run, &run.join("plots")).unwrap();
     assert!(!written.is_empty());
+}
+
+/// A run of the pick task with validation every 2 steps on the training tasks; `extra` is added
+/// to `[train]`.
+fn validated_run(dir: &Path, extra: &str) -> mtrl_train::Summary {
+    let p = write_config(
+        dir,
+        "group_size = 4\nrollout_max_concurrency = 4",
+        &format!("global_batch_size = 4\nmax_steps = 4\nval_every = 2\nval_metric = 'val_reward'\n{extra}"),
+        "every_steps = 1\nkeep_last = 1",
+    );
+    let text = std::fs::read_to_string(&p).unwrap().replace(
+        "validation_fraction = 0.0",
+        &format!(
+            "validation = \"{}\"",
+            train_common::fixtures().join("pick/tasks.jsonl").display()
+        ),
+    );
+    std::fs::write(&p, text).unwrap();
+    let cfg = mtrl_core::Config::load(&p).unwrap();
+    train(&cfg, TrainOptions::default()).unwrap()
+}
+
+/// `train.val_samples = 4`: each validation pass also samples 4 episodes per task, whose mean
+/// reward and failure rate land in the records and break ties of the greedy metric; training is
+/// that of the run without them (validation samples from its own seeds), and a second run draws
+/// the same validation samples.
+#[test]
+fn sampled_validation_is_recorded_and_breaks_ties() {
+    let plain = tempfile::tempdir().unwrap();
+    let greedy_only = validated_run(plain.path(), "").records;
+    let dir = tempfile::tempdir().unwrap();
+    let s = validated_run(dir.path(), "val_samples = 4");
+    let run = dir.path().join("run");
+    let recs: Vec<StepRecord> = read_jsonl(&run.join("metrics.jsonl")).unwrap();
+    for (a, b) in greedy_only.iter().zip(&recs) {
+        assert_eq!(
+            (a.loss, a.reward_mean, a.grad_norm, a.val_reward_mean),
+            (b.loss, b.reward_mean, b.grad_norm, b.val_reward_mean)
+        );
+        let due = b.step % 2 == 0;
+        assert_eq!(b.val_sampled_reward_mean.is_some(), due, "step {}", b.step);
+        assert_eq!(b.val_sampled_failure_rate.is_some(), due);
+    }
+    // The rule: a higher greedy val_reward, or an equal one with a higher sampled reward.
+    let (g2, g4) = (recs[1].val_reward_mean, recs[3].val_reward_mean);
+    let (s2, s4) = (
+        recs[1].val_sampled_reward_mean,
+        recs[3].val_sampled_reward_mean,
+    );
+    let best_step = if g4 > g2 || (g4 == g2 && s4 > s2) {
+        4
+    } else {
+        2
+    };
+    let best: mtrl_learner::BestCheckpoint =
+        serde_json::from_str(&std::fs::read_to_string(run.join("best.json")).unwrap()).unwrap();
+    assert_eq!(best.step, best_step);
+    let at = &recs[best_step as usize - 1];
+    assert_eq!(
+        (Some(best.value), best.tiebreak),
+        (at.val_reward_mean, at.val_sampled_reward_mean)
+    );
+    // The same seeds at every run: a second run records the same sampled figures.
+    let again = tempfile::tempdir().unwrap();
+    let r = validated_run(again.path(), "val_samples = 4").records;
+    let sampled =
+        |v: &[StepRecord]| -> Vec<_> { v.iter().map(|r| r.val_sampled_reward_mean).collect() };
+    assert_eq!(sampled(&r), sampled(&s.records));
 }
 
 /// A run configured with the managed service's names only (`[hyperparameters]`; `[model]`,

@@ -133,6 +133,12 @@ pub struct StepRecord {
     pub val_failure_rate: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub val_turns_mean: Option<f64>,
+    /// With `train.val_samples` > 0: the mean reward and failure rate of the sampled validation
+    /// episodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_sampled_reward_mean: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_sampled_failure_rate: Option<f64>,
 }
 
 fn one() -> u64 {
@@ -206,6 +212,8 @@ impl Default for StepRecord {
             val_ndcg_at_10: None,
             val_failure_rate: None,
             val_turns_mean: None,
+            val_sampled_reward_mean: None,
+            val_sampled_failure_rate: None,
         }
     }
 }

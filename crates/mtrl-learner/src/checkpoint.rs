@@ -58,6 +58,20 @@ pub struct BestCheckpoint {
     pub step: u64,
     pub metric: String,
     pub value: f64,
+    /// The mean reward of the sampled validation episodes (`train.val_samples` > 0), which breaks
+    /// ties of `value`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tiebreak: Option<f64>,
+}
+
+impl BestCheckpoint {
+    /// Whether a step scoring `value` (tie-break `tiebreak`) replaces this one: a higher value, or
+    /// an equal one with a higher tie-break. On a full tie the earlier step stays.
+    pub fn beaten_by(&self, value: f64, tiebreak: Option<f64>) -> bool {
+        value > self.value
+            || (value == self.value
+                && matches!((tiebreak, self.tiebreak), (Some(n), Some(o)) if n > o))
+    }
 }
 
 /// A checkpoint that failed verification, with the reason.
@@ -328,5 +342,26 @@ mod tests {
             let back: f64 = serde_json::from_str(&text).unwrap();
             assert_eq!(back.to_bits(), x.to_bits(), "{text}");
         }
+    }
+
+    /// A higher value wins; an equal one wins only with a higher tie-break; a full tie (or a
+    /// missing tie-break) keeps the earlier step. `best.json` without `tiebreak` still parses.
+    #[test]
+    fn best_checkpoint_ties_go_to_the_higher_tiebreak() {
+        let b = super::BestCheckpoint {
+            step: 10,
+            metric: "val_reward".into(),
+            value: 0.4,
+            tiebreak: Some(0.2),
+        };
+        assert!(b.beaten_by(0.5, None));
+        assert!(!b.beaten_by(0.3, Some(0.9)));
+        assert!(b.beaten_by(0.4, Some(0.25)));
+        assert!(!b.beaten_by(0.4, Some(0.2)));
+        assert!(!b.beaten_by(0.4, None));
+        let old: super::BestCheckpoint =
+            serde_json::from_str(r#"{"step":3,"metric":"val_reward","value":0.1}"#).unwrap();
+        assert_eq!(old.tiebreak, None);
+        assert!(!old.beaten_by(0.1, Some(1.0)));
     }
 }

@@ -254,6 +254,7 @@ fn checkpoints_are_atomic_checksummed_and_rotated() {
             step: 2,
             metric: "val_reward".into(),
             value: 0.5,
+            tiebreak: Some(0.25),
         }),
         ..Default::default()
     };

@@ -9,8 +9,9 @@
 //! beats this, it found more than "imitate the teacher's successes".
 //!
 //! Its checkpoint is chosen as RL's is: with `train.val_every > 0` the control runs the same
-//! greedy validation every that many steps and at its last, and the best step by
-//! `train.val_metric` is what it saves ([`Selection`]).
+//! validation (greedy, and `train.val_samples` sampled episodes per task whose reward breaks ties)
+//! every that many steps and at its last, and the best step by `train.val_metric` is what it saves
+//! ([`Selection`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -25,7 +26,7 @@ use mtrl_search::SearchIndex;
 use serde_json::Value;
 
 use crate::error::{Context, Result};
-use crate::validate::Validator;
+use crate::validate::{Best, Validator};
 use crate::{bail, setup, sft, warm_start};
 
 /// What the control trained on.
@@ -47,8 +48,8 @@ pub struct RftOutcome {
 pub struct Selection {
     validator: Validator,
     rt: tokio::runtime::Runtime,
-    /// (step, score, copy of the policy at that step).
-    best: Option<(u64, f64, Policy)>,
+    /// The best step's score and a copy of its policy.
+    best: Option<(Best, Policy)>,
 }
 
 impl Selection {
@@ -87,16 +88,26 @@ impl Selection {
             return Ok(());
         }
         let figures = self.validator.run(policy.fork()?, step, &self.rt)?;
-        let score = figures.score(&self.validator.metric);
-        if self.best.as_ref().is_none_or(|(_, b, _)| score > *b) {
-            self.best = Some((step, score, policy.fork()?));
+        let (value, tiebreak) = figures.score(&self.validator.metric);
+        if self
+            .best
+            .as_ref()
+            .is_none_or(|(b, _)| b.beaten_by(value, tiebreak))
+        {
+            let best = Best {
+                step,
+                metric: self.validator.metric.clone(),
+                value,
+                tiebreak,
+            };
+            self.best = Some((best, policy.fork()?));
         }
         Ok(())
     }
 
     /// The best step and its policy.
     pub fn into_best(self) -> Option<(u64, Policy)> {
-        self.best.map(|(step, _, p)| (step, p))
+        self.best.map(|(b, p)| (b.step, p))
     }
 }
 

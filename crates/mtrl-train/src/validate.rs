@@ -9,12 +9,20 @@
 //! written at once, spared by `keep_last` rotation, and named by `best.json` in the run folder
 //! (`mtrl eval --model best`).
 //!
-//! Greedy decoding has no randomness, so validation takes nothing from the run's seeds and does
-//! not change what training samples: a run with validation trains exactly as one without.
+//! With `train.val_samples` = N > 0 each pass also runs N sampled episodes per task (the rollout's
+//! temperature, top_p and top_k) and records their mean reward and failure rate
+//! (`val_sampled_reward_mean`, `val_sampled_failure_rate`). Their seeds come from the run seed and
+//! the task, the same at every pass, so two checkpoints are compared on the same draws. The
+//! sampled reward breaks ties of `val_metric` (a small policy playing one fixed strategy ties on
+//! greedy validation at most checkpoints), or is the metric itself (`val_sampled_reward`).
+//!
+//! Validation samples from RNGs of its own, so it does not change what training samples: a run
+//! with validation trains exactly as one without.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use mtrl_core::rng::hash_str;
 use mtrl_core::{Config, StepRecord, Trajectory};
 use mtrl_env::Task;
 use mtrl_eval::report::ndcg_at_10;
@@ -35,16 +43,19 @@ pub struct ValFigures {
     pub ndcg_at_10: f64,
     pub fail_rate: f64,
     pub turns_mean: f64,
+    /// Of the sampled episodes (`train.val_samples` > 0): mean reward and failure rate.
+    pub sampled: Option<(f64, f64)>,
 }
 
 impl ValFigures {
-    pub fn of(episodes: &[Trajectory]) -> ValFigures {
-        let n = episodes.len().max(1) as f64;
+    /// Figures of the greedy `episodes` (and the `sampled` ones, when any ran).
+    pub fn of(episodes: &[Trajectory], sampled: Option<&[Trajectory]>) -> ValFigures {
         ValFigures {
-            reward_mean: episodes.iter().map(|t| t.reward).sum::<f64>() / n,
-            ndcg_at_10: episodes.iter().map(ndcg_at_10).sum::<f64>() / n,
-            fail_rate: episodes.iter().filter(|t| t.failure.is_some()).count() as f64 / n,
-            turns_mean: episodes.iter().map(|t| t.turns as f64).sum::<f64>() / n,
+            reward_mean: mean(episodes, |t| t.reward),
+            ndcg_at_10: mean(episodes, ndcg_at_10),
+            fail_rate: fail_rate(episodes),
+            turns_mean: mean(episodes, |t| t.turns as f64),
+            sampled: sampled.map(|s| (mean(s, |t| t.reward), fail_rate(s))),
         }
     }
 
@@ -54,16 +65,29 @@ impl ValFigures {
         rec.val_ndcg_at_10 = Some(self.ndcg_at_10);
         rec.val_failure_rate = Some(self.fail_rate);
         rec.val_turns_mean = Some(self.turns_mean);
+        rec.val_sampled_reward_mean = self.sampled.map(|s| s.0);
+        rec.val_sampled_failure_rate = self.sampled.map(|s| s.1);
     }
 
-    /// `metric`'s value, oriented so that larger is better.
-    pub fn score(&self, metric: &str) -> f64 {
+    /// `metric`'s value, oriented so that larger is better, and its tie-break (the sampled mean
+    /// reward, when sampled episodes ran and the metric is not that already).
+    pub fn score(&self, metric: &str) -> (f64, Option<f64>) {
+        let sampled = self.sampled.map(|s| s.0);
         match metric {
-            "val_reward" => self.reward_mean,
-            "val_fail_rate" => -self.fail_rate,
-            _ => self.ndcg_at_10,
+            "val_reward" => (self.reward_mean, sampled),
+            "val_fail_rate" => (-self.fail_rate, sampled),
+            "val_sampled_reward" => (sampled.unwrap_or(f64::NEG_INFINITY), None),
+            _ => (self.ndcg_at_10, sampled),
         }
     }
+}
+
+fn mean(episodes: &[Trajectory], f: impl Fn(&Trajectory) -> f64) -> f64 {
+    episodes.iter().map(f).sum::<f64>() / episodes.len().max(1) as f64
+}
+
+fn fail_rate(episodes: &[Trajectory]) -> f64 {
+    mean(episodes, |t| f64::from(u8::from(t.failure.is_some())))
 }
 
 /// The validation side of a run.
@@ -75,6 +99,10 @@ pub struct Validator {
     max_concurrency: usize,
     every: u64,
     pub metric: String,
+    /// Sampled episodes per task (0 = none), their sampling settings and seed.
+    samples: usize,
+    sampling: SamplingParams,
+    seed: u64,
 }
 
 impl Validator {
@@ -110,6 +138,14 @@ impl Validator {
             max_concurrency: cfg.rollout.rollout_max_concurrency,
             every: t.val_every,
             metric: t.val_metric.clone(),
+            samples: t.val_samples,
+            sampling: SamplingParams {
+                temperature: cfg.rollout.temperature,
+                top_p: cfg.rollout.top_p,
+                top_k: cfg.rollout.top_k,
+                seed: 0,
+            },
+            seed: hash_str(t.seed, "validation"),
         }))
     }
 
@@ -118,7 +154,7 @@ impl Validator {
         step.is_multiple_of(self.every) || step == last
     }
 
-    /// Greedy episodes of every validation task under `policy`.
+    /// Greedy episodes of every validation task under `policy`, then the sampled ones.
     pub fn run(
         &self,
         policy: Policy,
@@ -127,27 +163,36 @@ impl Validator {
     ) -> Result<ValFigures> {
         let engine = Engine::with_options(policy, None, version, self.engine.clone())?;
         let engine = EngineThread::spawn(engine)?;
-        let cx = Arc::new(EpisodeContext {
-            gen: engine.client.clone(),
-            sampling: SamplingParams::greedy(),
-            seed: 0,
-            stop_token_ids: self.stop_token_ids.clone(),
-            stats: Arc::new(EnvStats::default()),
-            faults: Arc::new(mtrl_rollout::faults::Faults::none()),
-        });
-        let episodes = rt.block_on(mtrl_eval::runner::run_all(
-            cx,
-            self.envs.clone(),
-            &self.tasks,
-            1,
-            0,
-            0,
-            self.max_concurrency,
-        ));
+        let pass = |sampling: SamplingParams, seed: u64, per_task: usize| {
+            let cx = Arc::new(EpisodeContext {
+                gen: engine.client.clone(),
+                sampling,
+                seed,
+                stop_token_ids: self.stop_token_ids.clone(),
+                stats: Arc::new(EnvStats::default()),
+                faults: Arc::new(mtrl_rollout::faults::Faults::none()),
+            });
+            let episodes = rt.block_on(mtrl_eval::runner::run_all(
+                cx,
+                self.envs.clone(),
+                &self.tasks,
+                per_task,
+                0,
+                0,
+                self.max_concurrency,
+            ));
+            episodes.map(|e| e.into_iter().flatten().collect::<Vec<Trajectory>>())
+        };
+        let greedy = pass(SamplingParams::greedy(), 0, 1);
+        let sampled = match (&greedy, self.samples) {
+            (Ok(_), n) if n > 0 => Some(pass(self.sampling.clone(), self.seed, n)),
+            _ => None,
+        };
         let shut = engine.shutdown();
-        let episodes: Vec<Trajectory> = episodes?.into_iter().flatten().collect();
+        let greedy = greedy?;
+        let sampled = sampled.transpose()?;
         shut?;
-        Ok(ValFigures::of(&episodes))
+        Ok(ValFigures::of(&greedy, sampled.as_deref()))
     }
 }
 

@@ -19,7 +19,11 @@
 //!                             # process's weights bit for bit
 //! val_every = 0               # validation (greedy, temperature 0) every N steps; 0 = off
 //! val_tasks = 0               # validation tasks per pass (the first N); 0 = all
-//! val_metric = "val_ndcg@10"  # what "best" means: val_ndcg@10 | val_reward | val_fail_rate
+//! val_metric = "val_ndcg@10"  # what "best" means: val_ndcg@10 | val_reward | val_fail_rate |
+//!                             # val_sampled_reward
+//! val_samples = 0             # > 0: also N sampled episodes per validation task (the rollout's
+//!                             # temperature / top_p / top_k, the same seeds at every pass); their
+//!                             # mean reward breaks ties of val_metric (or is it)
 //! ```
 
 use serde::Deserialize;
@@ -46,10 +50,16 @@ pub struct TrainSpec {
     pub val_every: Option<u64>,
     pub val_tasks: Option<usize>,
     pub val_metric: Option<String>,
+    pub val_samples: Option<usize>,
 }
 
 /// Validation metrics a best checkpoint can be chosen by (`val_fail_rate`: lower is better).
-pub const VAL_METRICS: &[&str] = &["val_ndcg@10", "val_reward", "val_fail_rate"];
+pub const VAL_METRICS: &[&str] = &[
+    "val_ndcg@10",
+    "val_reward",
+    "val_fail_rate",
+    "val_sampled_reward",
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LrScheduleKind {
@@ -80,6 +90,9 @@ pub struct TrainConfig {
     /// 0 = every validation task.
     pub val_tasks: usize,
     pub val_metric: String,
+    /// Sampled validation episodes per task (0 = greedy only): their mean reward breaks ties of
+    /// `val_metric`, or is it (`val_sampled_reward`).
+    pub val_samples: usize,
 }
 
 impl Default for TrainConfig {
@@ -101,6 +114,7 @@ impl Default for TrainConfig {
             val_every: 0,
             val_tasks: 0,
             val_metric: "val_ndcg@10".into(),
+            val_samples: 0,
         }
     }
 }
@@ -151,9 +165,17 @@ impl TrainSpec {
                 format!("`{val_metric}` is not one of {}", VAL_METRICS.join(", ")),
             ));
         }
+        let val_samples = ctx.range("train.val_samples", self.val_samples.unwrap_or(0), 0, 1024)?;
+        if val_metric == "val_sampled_reward" && val_samples == 0 {
+            return Err(ctx.invalid(
+                "train.val_metric",
+                "`val_sampled_reward` needs train.val_samples > 0",
+            ));
+        }
         for (key, set) in [
             ("train.val_tasks", self.val_tasks.is_some()),
             ("train.val_metric", metric_set),
+            ("train.val_samples", self.val_samples.is_some()),
         ] {
             if set && val_every == 0 {
                 return Err(ctx.invalid(key, "acts only with train.val_every > 0"));
@@ -164,6 +186,7 @@ impl TrainSpec {
             val_every,
             val_tasks: self.val_tasks.unwrap_or(0),
             val_metric,
+            val_samples,
             max_epochs: ctx.range("train.max_epochs", self.max_epochs.unwrap_or(1), 1, 1 << 20)?,
             global_batch_size: ctx.range(
                 "train.global_batch_size",
@@ -316,6 +339,15 @@ mod tests {
                 "train.weight_decay_exclude",
             ),
             ("[train]\nval_metric = 'val_reward'\n", "train.val_metric"),
+            ("[train]\nval_samples = 4\n", "train.val_samples"),
+            (
+                "[train]\nval_every = 5\nval_metric = 'val_sampled_reward'\n",
+                "train.val_metric",
+            ),
+            (
+                "[train]\nval_every = 5\nval_samples = 5000\n",
+                "train.val_samples",
+            ),
             ("[checkpoint]\nkeep_last = 0\n", "checkpoint.keep_last"),
             ("[logging]\nprometheus = 'nowhere'\n", "logging.prometheus"),
         ] {

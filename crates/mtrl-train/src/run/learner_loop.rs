@@ -197,15 +197,16 @@ impl Loop<'_> {
             .run(policy, self.learner.version(), rt)
             .with_context(|| format!("validation after step {step}"))?;
         figures.write(rec);
-        let score = figures.score(&v.metric);
+        let (score, tiebreak) = figures.score(&v.metric);
         let better = match &self.start.state.best {
-            Some(b) => score > b.value,
+            Some(b) => b.beaten_by(score, tiebreak),
             None => true,
         };
         Ok(better.then(|| Best {
             step,
             metric: v.metric.clone(),
             value: score,
+            tiebreak,
         }))
     }
 

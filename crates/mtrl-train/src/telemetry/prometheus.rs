@@ -198,6 +198,11 @@ fn step_series(r: &StepRecord) {
         ("mtrl_train_val_ndcg_at_10", r.val_ndcg_at_10),
         ("mtrl_train_val_failure_rate", r.val_failure_rate),
         ("mtrl_train_val_turns", r.val_turns_mean),
+        ("mtrl_train_val_sampled_reward", r.val_sampled_reward_mean),
+        (
+            "mtrl_train_val_sampled_failure_rate",
+            r.val_sampled_failure_rate,
+        ),
     ] {
         if let Some(v) = v {
             metrics::gauge!(name).set(v);
