@@ -2,7 +2,7 @@
 //! resumed reproduces the uninterrupted run's losses and weights at step 6 bit for bit; a
 //! corrupted newest checkpoint is reported and the previous one used (again bitwise the same
 //! result); a config change that makes resuming meaningless is refused naming the keys; SIGTERM
-//! writes a checkpoint and exits 0.
+//! writes a checkpoint and exits 0. `MTRL_TRACE` prints each phase of a run.
 
 mod train_common;
 
@@ -188,4 +188,70 @@ fn sigterm_writes_a_checkpoint_and_exits_cleanly() {
         run.join(format!("step-{steps:08}/trainer.json")).exists(),
         "{err}"
     );
+}
+
+/// `MTRL_TRACE=1` places every phase of a run (engine built, engine thread, the first forwards'
+/// phases, each step's wait / update / publish, shutdown) on stderr; without it there is no
+/// trace line. What a stall on a new device is diagnosed with.
+#[test]
+fn trace_lines_place_each_phase() {
+    let d = tempfile::tempdir().unwrap();
+    let config = write_config(
+        d.path(),
+        "group_size = 4\nrollout_max_concurrency = 4",
+        "global_batch_size = 4\nmax_steps = 2",
+        "every_steps = 2",
+    );
+    let run = |trace: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_mtrl"));
+        cmd.args(["train", "--quiet", "--config", config.to_str().unwrap()]);
+        cmd.env_remove("MTRL_TRACE");
+        if let Some(v) = trace {
+            cmd.env("MTRL_TRACE", v);
+        }
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{err}");
+        std::fs::remove_dir_all(d.path().join("run")).unwrap();
+        err
+    };
+    let err = run(Some("1"));
+    let phases = [
+        "mtrl train: ",
+        "policy loaded on ",
+        "engine built: batch ",
+        "rollout engine built (version 0)",
+        "environments ready",
+        "rollouts started from group 0",
+        "mtrl-engine] engine thread up, serving version 0",
+        "mtrl-engine] request 1: prompt",
+        "mtrl-engine] engine step 1: start",
+        "forward 1: model forward done",
+        "forward 1: logits done",
+        "mtrl-engine] engine step 1: done",
+        "step 1: waiting for 4 groups",
+        "step 1: batch arrived",
+        "step 1: update done",
+        "step 1: weights published",
+        "mtrl-engine] applying weights of version 1",
+        "step 2: weights published",
+        "stopping the rollouts",
+        "rollouts stopped",
+    ];
+    let mut at = 0;
+    for p in phases {
+        let i = err
+            .find(p)
+            .unwrap_or_else(|| panic!("no trace line `{p}` in:\n{err}"));
+        if !p.contains("mtrl-engine]") && !p.starts_with("forward") {
+            // The learner's own lines come in this order.
+            assert!(i >= at, "`{p}` out of order in:\n{err}");
+            at = i;
+        }
+    }
+    // Sparse by default: engine steps 9..255 are not traced; `all` traces every one.
+    assert!(!err.contains("engine step 9: start"), "{err}");
+    assert!(run(Some("all")).contains("engine step 9: start"));
+    assert!(!run(None).contains("[trace"));
+    assert!(!run(Some("0")).contains("[trace"));
 }

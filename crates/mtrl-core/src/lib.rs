@@ -2,7 +2,7 @@
 //! other crate can wrap, chat messages with the [`ChatCodec`] seam between environment and
 //! tokenizer, the [`Trajectory`] record that rollout and learner exchange, the typed run records
 //! ([`StepRecord`], [`SftRecord`]) that training writes and plots read, and the one seeded-random
-//! module ([`rng`]).
+//! module ([`rng`]), and phase trace lines for placing a stall ([`trace`], `MTRL_TRACE=1`).
 //!
 //! Configuration is two-stage (ripgrep style): a TOML file is parsed into `*Spec` structs that mirror
 //! the file one-to-one (`deny_unknown_fields`, so a mistyped key is an error naming the key and the
@@ -17,6 +17,7 @@ pub mod config;
 pub mod error;
 pub mod record;
 pub mod rng;
+pub mod trace;
 pub mod trajectory;
 
 pub use chat::{ChatCodec, CodecError, Message, Role, ToolCall};

@@ -38,6 +38,9 @@ enum Job {
     Release(u64),
 }
 
+/// How long [`EngineThread::shutdown`] waits for the engine thread to stop.
+pub const SHUTDOWN_WAIT: Duration = Duration::from_secs(30);
+
 /// Weight updates that may wait for the engine at once.
 pub const WEIGHTS_QUEUE: usize = 2;
 
@@ -141,13 +144,30 @@ impl EngineThread {
         })
     }
 
-    /// Stops the loop and joins the thread; returns the error that stopped it, if any.
+    /// Stops the loop and joins the thread; returns the error that stopped it, if any. A thread
+    /// that has not stopped after [`SHUTDOWN_WAIT`] (stuck inside a decode step) is left behind
+    /// with an error, so that the caller still reports what went wrong instead of hanging.
     pub fn shutdown(mut self) -> Result<()> {
         self.stop.store(true, Ordering::SeqCst);
-        match self.handle.take().map(|h| h.join()) {
-            Some(Ok(Err(e))) => Err(RolloutError::Engine(e)),
-            Some(Err(_)) => Err(RolloutError::Internal("the engine thread panicked".into())),
-            _ => Ok(()),
+        let Some(handle) = self.handle.take() else {
+            return Ok(());
+        };
+        let t0 = Instant::now();
+        while !handle.is_finished() {
+            if t0.elapsed() >= SHUTDOWN_WAIT {
+                mtrl_core::trace!("engine thread still busy after {SHUTDOWN_WAIT:?}: left behind");
+                return Err(RolloutError::Internal(format!(
+                    "the engine thread did not stop within {} s: it is stuck inside a decode \
+                     step (MTRL_TRACE=1 prints the phase it is in)",
+                    SHUTDOWN_WAIT.as_secs()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        match handle.join() {
+            Ok(Err(e)) => Err(RolloutError::Engine(e)),
+            Err(_) => Err(RolloutError::Internal("the engine thread panicked".into())),
+            Ok(Ok(())) => Ok(()),
         }
     }
 }
@@ -193,12 +213,22 @@ fn engine_loop(
     stats: Arc<EngineStats>,
     stop: Arc<AtomicBool>,
 ) -> std::result::Result<(), String> {
+    mtrl_core::trace!("engine thread up, serving version {}", engine.version());
     let mut pending: HashMap<SeqId, Reply> = HashMap::new();
-    let take = |engine: &mut Engine, job: Job, pending: &mut HashMap<SeqId, Reply>| {
+    let mut requests = 0u64;
+    let mut take = |engine: &mut Engine, job: Job, pending: &mut HashMap<SeqId, Reply>| {
         let (req, reply) = match job {
             Job::Release(session) => return engine.release(session),
             Job::Generate { req, reply } => (req, reply),
         };
+        requests += 1;
+        if traced(requests) {
+            mtrl_core::trace!(
+                "request {requests}: prompt {} tokens, up to {} new",
+                req.prompt.len(),
+                req.max_new_tokens
+            );
+        }
         if req.max_new_tokens == 0 {
             // The engine drops such requests silently; answer at once instead.
             let _ = reply.send(Ok(Completion::empty(SeqId::MAX, req.prompt)));
@@ -218,6 +248,7 @@ fn engine_loop(
                  served: &watch::Sender<u64>|
      -> std::result::Result<(), String> {
         let t0 = Instant::now();
+        mtrl_core::trace!("applying weights of version {}", u.version);
         engine
             .update_weights(u.version, &u.tensors)
             .map_err(|e| format!("weight update to version {}: {e}", u.version))?;
@@ -257,11 +288,26 @@ fn engine_loop(
             continue;
         }
         let t0 = Instant::now();
+        let n = stats.steps.load(Ordering::Relaxed) + 1;
+        if traced(n) {
+            mtrl_core::trace!(
+                "engine step {n}: start, {} unfinished",
+                engine.num_unfinished()
+            );
+        }
         let out = match engine.step() {
             Ok(o) => o,
             Err(e) => break Err(format!("decode step: {e}")),
         };
         let ns = t0.elapsed().as_nanos() as u64;
+        if traced(n) {
+            mtrl_core::trace!(
+                "engine step {n}: done in {:.1} ms, {} tokens, {} finished",
+                ns as f64 / 1e6,
+                out.tokens.len(),
+                out.finished.len()
+            );
+        }
         stats.generate_ns.fetch_add(ns, Ordering::Relaxed);
         stats.steps.fetch_add(1, Ordering::Relaxed);
         let c = engine.counters();
@@ -289,4 +335,10 @@ fn engine_loop(
         }
     }
     result
+}
+
+/// Which of a run's requests and engine steps get trace lines: the first 8, then every 256th
+/// (`MTRL_TRACE=all`: every one).
+fn traced(n: u64) -> bool {
+    mtrl_core::trace::enabled() && (n <= 8 || n.is_multiple_of(256) || mtrl_core::trace::all())
 }

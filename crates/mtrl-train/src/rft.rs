@@ -88,18 +88,10 @@ impl Selection {
             return Ok(());
         }
         let figures = self.validator.run(policy.fork()?, step, &self.rt)?;
-        let (value, tiebreak) = figures.score(&self.validator.metric);
-        if self
-            .best
-            .as_ref()
-            .is_none_or(|(b, _)| b.beaten_by(value, tiebreak))
+        if let Some(best) =
+            self.validator
+                .choose(self.best.as_ref().map(|(b, _)| b), step, &figures)
         {
-            let best = Best {
-                step,
-                metric: self.validator.metric.clone(),
-                value,
-                tiebreak,
-            };
             self.best = Some((best, policy.fork()?));
         }
         Ok(())

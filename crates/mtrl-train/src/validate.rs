@@ -149,6 +149,19 @@ impl Validator {
         }))
     }
 
+    /// The new best after `step`, or `None` when `figures` do not beat `prev` (the one rule for
+    /// RL's and the RFT control's step selection: the metric, ties broken by the sampled reward).
+    pub fn choose(&self, prev: Option<&Best>, step: u64, figures: &ValFigures) -> Option<Best> {
+        let (value, tiebreak) = figures.score(&self.metric);
+        prev.is_none_or(|b| b.beaten_by(value, tiebreak))
+            .then(|| Best {
+                step,
+                metric: self.metric.clone(),
+                value,
+                tiebreak,
+            })
+    }
+
     /// Whether validation runs after `step`.
     pub fn due(&self, step: u64, last: u64) -> bool {
         step.is_multiple_of(self.every) || step == last

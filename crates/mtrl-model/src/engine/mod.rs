@@ -342,6 +342,15 @@ impl Engine {
             policy.dtype(),
             policy.device(),
         )?;
+        // Stream safety: the store's zero fill (queued on this thread's stream) has finished
+        // before the engine may move to a thread of its own (`mtrl_rollout::EngineThread`).
+        policy.device().synchronize()?;
+        mtrl_core::trace!(
+            "engine built: batch {}, store bound {} positions, {} MB allocated",
+            opts.max_batch,
+            pool.max_tokens(),
+            pool.allocated_bytes() >> 20
+        );
         Ok(Self {
             policy,
             tokenizer,

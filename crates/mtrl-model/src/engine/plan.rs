@@ -28,8 +28,26 @@ impl Engine {
             return Ok(out);
         }
         let (batch, owners) = self.batch(&plan);
+        // `MTRL_TRACE`: the phases of the first forwards, each one synchronised with the device,
+        // so that a hang is placed in the phase that hangs rather than at the next copy to host.
+        let n = self.counters.forwards + 1;
+        let traced = mtrl_core::trace::enabled() && (n <= 3 || mtrl_core::trace::all());
+        if traced {
+            mtrl_core::trace!(
+                "forward {n}: {} rows ({} decode, {} prefill segments), {} sampled, store {} MB",
+                batch.ids.len(),
+                batch.decode.len(),
+                batch.prefill.len(),
+                batch.outputs.len(),
+                self.pool.allocated_bytes() >> 20
+            );
+        }
         let t0 = Instant::now();
         let hidden = self.policy.inference().forward_paged(&batch, &self.pool)?;
+        if traced {
+            self.policy.device().synchronize()?;
+            mtrl_core::trace!("forward {n}: model forward done");
+        }
         let ns = t0.elapsed().as_nanos() as u64;
         if batch.prefill.is_empty() {
             self.counters.decode_forward_ns += ns;
@@ -56,8 +74,15 @@ impl Engine {
             .inference()
             .logits(&hidden)?
             .to_dtype(DType::F32)?;
+        if traced {
+            self.policy.device().synchronize()?;
+            mtrl_core::trace!("forward {n}: logits done");
+        }
         self.sample(&logits, &owners, &mut out)?;
         self.counters.sample_ns += t0.elapsed().as_nanos() as u64;
+        if traced {
+            mtrl_core::trace!("forward {n}: sampled {} tokens", out.tokens.len());
+        }
         self.retire(&mut out)?;
         Ok(out)
     }

@@ -60,6 +60,7 @@ impl Loop<'_> {
             self.learner.version(),
             setup::engine_options(cfg),
         )?;
+        mtrl_core::trace!("rollout engine built (version {})", engine.version());
         let window = self.learner.policy.config().max_position_embeddings;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -71,6 +72,7 @@ impl Loop<'_> {
         }
         let codec = self.parts.codec.clone();
         let envs = setup::driver(cfg, data, codec, !opts.progress, window, host.as_ref())?;
+        mtrl_core::trace!("environments ready (search indexes open)");
         // Rank 0 validates (the others wait for it at the next step's arrival).
         let validator = if self.ranks.lead() {
             Validator::new(
@@ -99,6 +101,7 @@ impl Loop<'_> {
         let settings = rollout_settings(cfg, self.parts, step, version, self.until, faults, shard);
         let first_group = settings.first_group;
         let (rollout, rx) = Rollout::start(engine, envs, Box::new(mixer), settings, rt.handle())?;
+        mtrl_core::trace!("rollouts started from group {first_group}");
         let mut batches = InOrder::new(rx, first_group).sharded(shard);
         let trajs = (cfg.logging.trajectories && self.ranks.lead())
             .then(|| {
@@ -124,7 +127,14 @@ impl Loop<'_> {
             Some(Err(e)) => eprintln!("warning: trajectory log: {e}"),
             _ => {}
         }
+        if let Err(e) = &result {
+            mtrl_core::trace!("the step loop failed ({e:#}); stopping the rollouts");
+        }
+        // Bounded: an engine thread stuck in a decode step is left behind after
+        // `SHUTDOWN_WAIT`, and the step loop's error (if any) is the one returned.
+        mtrl_core::trace!("stopping the rollouts");
         let shut = rt.block_on(rollout.shutdown());
+        mtrl_core::trace!("rollouts stopped");
         if let Some(h) = host {
             h.shutdown();
         }
@@ -197,17 +207,7 @@ impl Loop<'_> {
             .run(policy, self.learner.version(), rt)
             .with_context(|| format!("validation after step {step}"))?;
         figures.write(rec);
-        let (score, tiebreak) = figures.score(&v.metric);
-        let better = match &self.start.state.best {
-            Some(b) => b.beaten_by(score, tiebreak),
-            None => true,
-        };
-        Ok(better.then(|| Best {
-            step,
-            metric: v.metric.clone(),
-            value: score,
-            tiebreak,
-        }))
+        Ok(v.choose(self.start.state.best.as_ref(), step, &figures))
     }
 
     /// The step loop; `Ok(true)` when `stop` was raised.
@@ -236,7 +236,9 @@ impl Loop<'_> {
             if let Some(f) = self.fault.filter(|f| f.hits(self.ranks.rank(), step_no)) {
                 f.act();
             }
+            mtrl_core::trace!("step {step_no}: waiting for {b} groups");
             let mine = next_batch(rollout, batches, b, stop, stuck_after(self.cfg))?;
+            mtrl_core::trace!("step {step_no}: batch arrived");
             // Every rank stops at the same step when any was asked to.
             let any_stop = self
                 .ranks
@@ -248,6 +250,7 @@ impl Loop<'_> {
             let (batch, gather_s) = self.ranks.gather_batch(mine, first, b)?;
             let wait_s = t_wait.elapsed().as_secs_f64();
             let m = self.learner.step(&batch)?;
+            mtrl_core::trace!("step {step_no}: update done");
             if let Some(f) = self.fault.filter(|f| f.hits(self.ranks.rank(), step_no)) {
                 dp::diverge(&self.learner.policy, f)?;
             }
@@ -255,6 +258,7 @@ impl Loop<'_> {
             let wait = stuck_after(self.cfg);
             rollout.publish(self.learner.version(), self.learner.weights()?, wait)?;
             let publish_s = t_pub.elapsed().as_secs_f64();
+            mtrl_core::trace!("step {step_no}: weights published");
             for _ in 0..b {
                 self.start.shadow.next_task();
             }

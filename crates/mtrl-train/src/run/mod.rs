@@ -113,8 +113,10 @@ pub fn train(cfg: &Config, mut opts: TrainOptions) -> Result<Summary> {
     let ranks = Ranks::new(opts.comm.clone());
     let lead = ranks.lead();
     let cfg = &dp::rank_config(cfg, &ranks)?;
+    mtrl_core::trace!("mtrl train: {}", cfg.source.display());
     let parts = setup::model_parts(cfg)?;
     let data = setup::load_data(cfg)?;
+    mtrl_core::trace!("tokenizer and task files loaded");
     let planned = setup::planned_steps(cfg, data.tasks);
     let until = opts.max_steps.map_or(planned, |m| m.min(planned));
     let mgr = CheckpointManager::new(&cfg.checkpoint.dir, cfg.checkpoint.keep_last);
@@ -138,12 +140,18 @@ pub fn train(cfg: &Config, mut opts: TrainOptions) -> Result<Summary> {
         );
     }
     let initial = setup::initial_policy(cfg, &parts)?;
+    mtrl_core::trace!(
+        "policy loaded on {:?} ({:?})",
+        initial.device(),
+        initial.dtype()
+    );
     let reference = (cfg.algorithm.kl_coef > 0.0)
         .then(|| setup::copy_policy(&initial))
         .transpose()?;
     let (s, policy, opt, mixer) = start(cfg, &data, initial, latest.as_deref(), &parts, lead)?;
     std::fs::create_dir_all(&cfg.checkpoint.dir)
         .with_context(|| format!("creating {}", cfg.checkpoint.dir.display()))?;
+    mtrl_core::trace!("start state ready (step {})", s.state.step);
     let mut telemetry = telemetry(cfg, &mut opts, &s, until, lead)?;
     let step_cfg = setup::step_config(cfg, planned)?;
     let reduce = ReduceOptions {
