@@ -4,7 +4,8 @@
     scripts/strategy-drift.py runs/demo/rl/trajectories [--every 3]
 
 Per printed step: the share of episodes that used both search tools, that submitted round-robin
-(`"interleave": true`), the mean searches per episode, the mean reward, the failure rate, and the
+(`"interleave": true`), that submitted fused by reciprocal rank (`"rrf": true`, env.submit_rrf),
+the mean searches per episode, the mean reward, the failure rate, and the
 mean within-group advantage (reward minus its group's mean, as GRPO centres it) of the
 interleaved episodes — positive means the round-robin choice paid in that step's groups.
 """
@@ -33,7 +34,7 @@ def main():
             if r.get("kind", "train") == "train":
                 by_step[r["step"]].append(r)
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
-    print("step\tboth\tinterleave\tsearches\treward\tfail\tadv(interleave)\tn")
+    print("step\tboth\tinterleave\trrf\tsearches\treward\tfail\tadv(interleave)\tn\tadv(rrf)\tn")
     last = max(by_step)
     for step in sorted(by_step):
         if step % every and step not in (1, last):
@@ -50,18 +51,22 @@ def main():
                 len({c["name"] for c in calls}) == 2,
                 bool(submits and args(submits[-1]).get("interleave")),
                 len(calls),
+                bool(submits and args(submits[-1]).get("rrf")),
             )
-        adv = []
+        adv, adv_rrf = [], []
         for g in groups.values():
             m = mean([x["reward"] for x in g])
             adv += [x["reward"] - m for x in g if feats[id(x)][1]]
+            adv_rrf += [x["reward"] - m for x in g if feats[id(x)][3]]
         print(
             f"{step}\t{mean([feats[id(r)][0] for r in rows]):.2f}"
             f"\t{mean([feats[id(r)][1] for r in rows]):.2f}"
+            f"\t{mean([feats[id(r)][3] for r in rows]):.2f}"
             f"\t{mean([feats[id(r)][2] for r in rows]):.2f}"
             f"\t{mean([r['reward'] for r in rows]):.3f}"
             f"\t{mean([r['failure'] is not None for r in rows]):.3f}"
             f"\t{mean(adv):+.3f}\t{len(adv)}"
+            f"\t{mean(adv_rrf):+.3f}\t{len(adv_rrf)}"
         )
 
 

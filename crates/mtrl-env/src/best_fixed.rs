@@ -2,7 +2,8 @@
 //! [`Strategy`] with the highest mean reward among the teacher's strategies that can be best.
 //!
 //! Candidates: each tool alone at `k = max_k`; each ordered pair of different tools at every
-//! `(k₁, k₂)` in `1..=max_k`, ranked (concatenated) or interleaved; all in one message and
+//! `(k₁, k₂)` in `1..=max_k`, ranked (concatenated) or interleaved, and fused by reciprocal rank
+//! when the teacher fuses (`p_rrf > 0`); all in one message and
 //! submitting `final_k` hits — in the compact `{"top": final_k}` form when the teacher writes it
 //! (`p_top > 0`), which skips repeated ids and so never scores less than listing the ranks.
 //! Submitting fewer hits or reordering never raises nDCG@k in expectation, and a third search
@@ -50,26 +51,30 @@ impl Retriever for Memo {
 
 /// The candidate strategies (see the module docs).
 pub fn candidates(spec: &TeacherSpec) -> Vec<Strategy> {
-    let one = |searches: Vec<(String, usize)>, interleave: bool| Strategy {
+    let one = |searches: Vec<(String, usize)>, interleave: bool, rrf: bool| Strategy {
         searches,
         one_message: true,
         interleave,
         reorder: Reorder::None,
         submit: spec.final_k,
         top: spec.submit_hits && spec.p_top > 0.0,
+        rrf,
     };
     let mut out: Vec<Strategy> = spec
         .tools
         .iter()
-        .map(|t| one(vec![(t.clone(), spec.max_k)], false))
+        .map(|t| one(vec![(t.clone(), spec.max_k)], false, false))
         .collect();
     for a in &spec.tools {
         for b in spec.tools.iter().filter(|b| *b != a) {
             for k1 in 1..=spec.max_k {
                 for k2 in 1..=spec.max_k {
                     let s = vec![(a.clone(), k1), (b.clone(), k2)];
-                    out.push(one(s.clone(), false));
-                    out.push(one(s, true));
+                    out.push(one(s.clone(), false, false));
+                    if spec.p_rrf > 0.0 {
+                        out.push(one(s.clone(), false, true));
+                    }
+                    out.push(one(s, true, false));
                 }
             }
         }
@@ -124,5 +129,12 @@ mod tests {
         assert_eq!(c.len(), 2 + 2 * 9 * 2);
         assert!(c.iter().all(|s| s.submit == spec.final_k && s.one_message));
         assert_eq!(c[0].searches, vec![("bm25_search".to_string(), 3)]);
+        assert!(c.iter().all(|s| !s.rrf));
+        // A fusing teacher adds the fused form of every pair.
+        let fusing = TeacherSpec { p_rrf: 0.5, ..spec };
+        let c = candidates(&fusing);
+        assert_eq!(c.len(), 2 + 2 * 9 * 3);
+        assert_eq!(c.iter().filter(|s| s.rrf).count(), 2 * 9);
+        assert!(c.iter().all(|s| !(s.rrf && s.interleave)));
     }
 }

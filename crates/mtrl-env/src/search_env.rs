@@ -228,6 +228,7 @@ pub fn standard_tools_over(
         Arc::new(
             SubmitTool::new(cfg.final_k, Some(index.corpus().clone()))
                 .with_hits(cfg.submit_hits)
+                .with_rrf(cfg.submit_rrf)
                 .with_excess(cfg.submit_excess),
         ),
     ]

@@ -13,6 +13,8 @@
 //!   `submit({"top": 10, "interleave": true})` takes them round-robin across the searches (1st of
 //!   each, then 2nd of each, …): a whole ranked list in a few tokens, for a model that cannot yet
 //!   count out `[1, 2, …, 10]`. `top` past `final_k` is refused under `submit_excess = "refuse"`.
+//!   With `env.submit_rrf`, `submit({"top": 10, "rrf": true})` fuses the searches by reciprocal
+//!   rank, as the `hybrid-rrf` baseline does (ids found by several searches first).
 //!
 //! The trajectory keeps the arguments the model wrote; the resolved ids are the call's
 //! `result_ids`.
@@ -58,7 +60,8 @@ fn resolve_submit(
 ) -> Result<Value, String> {
     let has_hits = map.contains_key("hits");
     let has_top = map.contains_key("top");
-    if !cfg.submit_hits || !(has_hits || has_top || map.contains_key("interleave")) {
+    let has_rrf = cfg.submit_rrf && map.contains_key("rrf");
+    if !cfg.submit_hits || !(has_hits || has_top || has_rrf || map.contains_key("interleave")) {
         return Ok(Value::Object(map.clone()));
     }
     if [map.contains_key("doc_ids"), has_hits, has_top]
@@ -79,12 +82,16 @@ fn resolve_submit(
         if map.contains_key("interleave") {
             return Err("`interleave` goes with `top`, not with `hits`".into());
         }
+        if has_rrf {
+            return Err("`rrf` goes with `top`, not with `hits`".into());
+        }
         by_rank(&map["hits"], &searches)?
     } else {
         let Some(top) = map.get("top") else {
-            return Err(
-                "`interleave` goes with `top`: e.g. {\"top\": 10, \"interleave\": true}".into(),
-            );
+            let key = if has_rrf { "rrf" } else { "interleave" };
+            return Err(format!(
+                "`{key}` goes with `top`: e.g. {{\"top\": 10, \"{key}\": true}}"
+            ));
         };
         let n = top
             .as_u64()
@@ -97,20 +104,35 @@ fn resolve_submit(
                 cfg.final_k
             ));
         }
-        let interleave = match map.get("interleave") {
-            None => false,
+        let flag = |key: &str| match map.get(key) {
+            None => Ok(false),
             Some(v) => v
                 .as_bool()
-                .ok_or_else(|| format!("`interleave` holds {v}, not true or false"))?,
+                .ok_or_else(|| format!("`{key}` holds {v}, not true or false")),
         };
+        let interleave = flag("interleave")?;
+        let rrf = has_rrf && flag("rrf")?;
+        if interleave && rrf {
+            return Err("give one of `interleave` or `rrf`".into());
+        }
         if searches.is_empty() {
             return Err("`top` takes the results of a search, and there was none yet".into());
         }
-        top_hits(&searches, n, interleave)
+        let order = if rrf {
+            Order::Rrf
+        } else if interleave {
+            Order::RoundRobin
+        } else {
+            Order::Calls
+        };
+        top_hits(&searches, n, order)
     };
     let mut out = map.clone();
     for key in ["hits", "top", "interleave"] {
         out.remove(key);
+    }
+    if cfg.submit_rrf {
+        out.remove("rrf");
     }
     out.insert("doc_ids".into(), Value::Array(ids));
     Ok(Value::Object(out))
@@ -143,18 +165,34 @@ fn by_rank(ranks: &Value, searches: &[&Vec<String>]) -> Result<Vec<Value>, Strin
         .collect()
 }
 
-/// `top`: the first `n` distinct ids of the searches' results, concatenated in call order or
-/// round-robin (1st of each search, then 2nd of each, …); fewer when fewer were shown.
-fn top_hits(searches: &[&Vec<String>], n: usize, interleave: bool) -> Vec<Value> {
+/// How `top` orders the searches' hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// Concatenated in call order.
+    Calls,
+    /// 1st of each search, then 2nd of each, …
+    RoundRobin,
+    /// Reciprocal-rank fusion ([`crate::scripted::rrf`], as `hybrid-rrf`).
+    Rrf,
+}
+
+/// `top`: the first `n` distinct ids of the searches' results in `order`; fewer when fewer were
+/// shown.
+fn top_hits(searches: &[&Vec<String>], n: usize, order: Order) -> Vec<Value> {
     let all: Vec<&String> = searches.iter().flat_map(|ids| ids.iter()).collect();
-    let order: Vec<String> = if interleave {
-        let lens: Vec<usize> = searches.iter().map(|ids| ids.len()).collect();
-        round_robin(&lens)
-            .into_iter()
-            .map(|r| all[r - 1].clone())
-            .collect()
-    } else {
-        all.into_iter().cloned().collect()
+    let order: Vec<String> = match order {
+        Order::RoundRobin => {
+            let lens: Vec<usize> = searches.iter().map(|ids| ids.len()).collect();
+            round_robin(&lens)
+                .into_iter()
+                .map(|r| all[r - 1].clone())
+                .collect()
+        }
+        Order::Rrf => {
+            let lists: Vec<Vec<String>> = searches.iter().map(|ids| (*ids).clone()).collect();
+            crate::scripted::rrf(&lists)
+        }
+        Order::Calls => all.into_iter().cloned().collect(),
     };
     clean_ids(&order, |_| true, n)
         .0
@@ -311,6 +349,53 @@ mod tests {
             ..cfg.clone()
         };
         assert!(resolve(&cut, &submit, &json!({"top": 9}), "q", &earlier).is_ok());
+    }
+
+    #[test]
+    fn top_with_rrf_fuses_the_searches_as_hybrid_rrf_does() {
+        let cfg = EnvConfig {
+            submit_hits: true,
+            submit_rrf: true,
+            final_k: 4,
+            ..EnvConfig::default()
+        };
+        let submit = SubmitTool::new(4, None);
+        let two = vec![
+            search("bm25_search", &["a", "b", "c"], false),
+            search("vector_search", &["d", "b", "a"], false),
+        ];
+        let go = |cfg: &EnvConfig, args: Value| resolve(cfg, &submit, &args, "q", &two);
+        // a: 1/61 + 1/63, b: 2/62, then d (1/61) before c (1/63).
+        let fused = crate::scripted::rrf(&[
+            vec!["a".into(), "b".into(), "c".into()],
+            vec!["d".into(), "b".into(), "a".into()],
+        ]);
+        assert_eq!(fused, ["a", "b", "d", "c"]);
+        assert_eq!(
+            go(&cfg, json!({"top": 3, "rrf": true})).unwrap(),
+            json!({"doc_ids": ["a", "b", "d"]})
+        );
+        assert_eq!(
+            go(&cfg, json!({"top": 3, "rrf": false})).unwrap(),
+            json!({"doc_ids": ["a", "b", "c"]})
+        );
+        for (bad, needle) in [
+            (json!({"top": 2, "rrf": true, "interleave": true}), "one of"),
+            (json!({"top": 2, "rrf": "yes"}), "not true or false"),
+            (json!({"rrf": true}), "goes with `top`"),
+            (json!({"hits": [1], "rrf": true}), "not with `hits`"),
+        ] {
+            let err = go(&cfg, bad.clone()).unwrap_err();
+            assert!(err.contains(needle), "{bad}: {err}");
+        }
+        // Switched off (`env.submit_rrf = false`): `rrf` is left for the tool to refuse.
+        let off = EnvConfig {
+            submit_rrf: false,
+            ..cfg.clone()
+        };
+        let out = go(&off, json!({"top": 3, "rrf": true})).unwrap();
+        assert_eq!(out, json!({"doc_ids": ["a", "b", "c"], "rrf": true}));
+        assert!(submit.call(&out).is_err());
     }
 
     struct Echo;

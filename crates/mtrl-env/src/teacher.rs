@@ -12,7 +12,9 @@
 //!   probability `p_reorder`; the first `n` of them, `n` uniform in `1..=min(hits, final_k)`.
 //!   With `env.submit_hits` the submit lists those ranks (`{"hits": [1, 4, 2, …]}`), or, with
 //!   probability `p_top` when the list is not reordered, names the same choice in the compact form
-//!   `{"top": n}` / `{"top": n, "interleave": true}` (the first `n` *distinct* hits).
+//!   `{"top": n}` / `{"top": n, "interleave": true}` (the first `n` *distinct* hits). With
+//!   probability `p_rrf` (drawn last) a submit of two or more searches is fused by reciprocal
+//!   rank instead (`{"top": n, "rrf": true}`; needs `env.submit_rrf`), as `hybrid-rrf` does.
 //!
 //! SFT on these episodes gives a policy that samples many strategies; which of them pays (which
 //! tool or mix, how many hits, which order) is what RL has to find. [`Strategy`] is also a
@@ -29,7 +31,7 @@ use serde_json::{json, Value};
 use crate::env::{Action, Agent, Observation};
 use crate::error::{EnvError, Result};
 use crate::parser::format_tool_call;
-use crate::scripted::hit_ids;
+use crate::scripted::{hit_ids, rrf};
 use crate::shortcuts::round_robin;
 
 /// The teacher's action space and how it samples it.
@@ -60,6 +62,9 @@ pub struct TeacherSpec {
     /// Probability that a submit that is not reordered is written `{"top": n}` (with
     /// `"interleave": true` for round-robin) instead of listing ranks (needs `submit_hits`).
     pub p_top: f64,
+    /// Probability that a submit of two or more searches is fused by reciprocal rank (written
+    /// `{"top": n, "rrf": true}` in the compact form; needs `env.submit_rrf`).
+    pub p_rrf: f64,
 }
 
 impl Default for TeacherSpec {
@@ -76,6 +81,7 @@ impl Default for TeacherSpec {
             omit_query: false,
             submit_hits: false,
             p_top: 0.0,
+            p_rrf: 0.0,
         }
     }
 }
@@ -103,6 +109,8 @@ pub struct Strategy {
     pub submit: usize,
     /// Written `{"top": submit}` (the first distinct hits) rather than as a list of ranks.
     pub top: bool,
+    /// Fused by reciprocal rank (two or more searches); overrides `interleave`.
+    pub rrf: bool,
 }
 
 impl Strategy {
@@ -129,13 +137,16 @@ impl Strategy {
         let submit = 1 + rng.below(spec.final_k.max(1));
         // Drawn last, so that `p_top` leaves every other choice of the seed as it was.
         let top = spec.submit_hits && reorder == Reorder::None && rng.next_f64() < spec.p_top;
+        // After everything else, so that `p_rrf = 0` leaves every strategy of a seed as it was.
+        let rrf = n > 1 && spec.p_rrf > 0.0 && rng.next_f64() < spec.p_rrf;
         Strategy {
             searches,
             one_message,
-            interleave,
+            interleave: interleave && !rrf,
             reorder,
             submit,
             top,
+            rrf,
         }
     }
 
@@ -146,7 +157,9 @@ impl Strategy {
             .iter()
             .map(|(t, k)| format!("{}:{k}", t.trim_end_matches("_search")))
             .collect();
-        let mut order = if self.interleave {
+        let mut order = if self.rrf {
+            "fused"
+        } else if self.interleave {
             "interleaved"
         } else {
             "ranked"
@@ -161,13 +174,34 @@ impl Strategy {
         format!("{} {order} top{}{form}", tools.join("+"), self.submit)
     }
 
-    /// The 1-based global ranks to submit, given how many hits each search returned.
+    /// The 1-based global ranks to submit, given each search's hits (fused by reciprocal rank:
+    /// each id at the rank of its first appearance).
+    pub fn ranks_of(&self, lists: &[Vec<String>]) -> Vec<usize> {
+        if !self.rrf {
+            let lens: Vec<usize> = lists.iter().map(Vec::len).collect();
+            return self.ranks(&lens);
+        }
+        let all: Vec<&String> = lists.iter().flatten().collect();
+        let fused: Vec<usize> = rrf(lists)
+            .iter()
+            .filter_map(|id| all.iter().position(|x| *x == id).map(|i| i + 1))
+            .collect();
+        self.arrange(fused)
+    }
+
+    /// The 1-based global ranks to submit, given how many hits each search returned (rank order
+    /// or round-robin; see [`Strategy::ranks_of`] for fused lists).
     pub fn ranks(&self, lens: &[usize]) -> Vec<usize> {
-        let mut ranks: Vec<usize> = if self.interleave {
+        let ranks: Vec<usize> = if self.interleave {
             round_robin(lens)
         } else {
             (1..=lens.iter().sum()).collect()
         };
+        self.arrange(ranks)
+    }
+
+    /// `ranks` reordered and cut to `submit`.
+    fn arrange(&self, mut ranks: Vec<usize>) -> Vec<usize> {
         match self.reorder {
             Reorder::None => {}
             Reorder::Reversed => ranks.reverse(),
@@ -272,7 +306,9 @@ impl Agent for FixedStrategy {
         }
         // The compact form names the choice; the environment resolves it against the hits.
         if self.submit_hits && s.top {
-            let args = if s.interleave {
+            let args = if s.rrf {
+                json!({"top": s.submit, "rrf": true})
+            } else if s.interleave {
                 json!({"top": s.submit, "interleave": true})
             } else {
                 json!({"top": s.submit})
@@ -286,8 +322,7 @@ impl Agent for FixedStrategy {
             .filter(|m| m.role == Role::Tool && m.name.as_deref() != Some("submit"))
             .map(|m| hit_ids(&m.content))
             .collect();
-        let lens: Vec<usize> = lists.iter().map(Vec::len).collect();
-        let ranks = s.ranks(&lens);
+        let ranks = s.ranks_of(&lists);
         if self.submit_hits {
             return Ok(Action::text(call("submit", json!({"hits": ranks}))));
         }
@@ -338,6 +373,7 @@ mod tests {
             reorder,
             submit,
             top: false,
+            rrf: false,
         }
     }
 
@@ -365,6 +401,26 @@ mod tests {
         assert_eq!(
             strategy(true, Reorder::None, 10).ranks(&[1, 2]),
             vec![1, 2, 3]
+        );
+        // Fused: each id at the rank of its first appearance, in RRF order: c (in both), a, then
+        // b and d tied, in order of appearance.
+        let lists = [
+            vec!["a".to_string(), "b".into(), "c".into()],
+            vec!["c".to_string(), "d".into()],
+        ];
+        let fused = Strategy {
+            rrf: true,
+            ..strategy(false, Reorder::None, 10)
+        };
+        assert_eq!(fused.ranks_of(&lists), vec![3, 1, 2, 5]);
+        let fused_reversed = Strategy {
+            rrf: true,
+            ..strategy(false, Reorder::Reversed, 2)
+        };
+        assert_eq!(fused_reversed.ranks_of(&lists), vec![5, 2]);
+        assert_eq!(
+            strategy(true, Reorder::None, 10).ranks_of(&lists),
+            vec![1, 4, 2, 5, 3]
         );
     }
 
@@ -451,6 +507,30 @@ mod tests {
         for seed in 0..50u64 {
             let (a, b) = (Strategy::sample(&hits, seed), Strategy::sample(&tops, seed));
             assert_eq!(Strategy { top: false, ..b }, a);
+        }
+        // `p_rrf` fuses only merged lists (two searches: half), replaces round-robin there and
+        // leaves every other draw alone.
+        let fused = TeacherSpec {
+            p_rrf: 0.5,
+            ..tops.clone()
+        };
+        assert!((share(&fused, |s| s.rrf) - 0.25).abs() < 0.03);
+        assert_eq!(share(&fused, |s| s.rrf && s.searches.len() < 2), 0.0);
+        assert_eq!(share(&fused, |s| s.rrf && s.interleave), 0.0);
+        for seed in 0..200u64 {
+            let (a, b) = (
+                Strategy::sample(&tops, seed),
+                Strategy::sample(&fused, seed),
+            );
+            let interleave = if b.rrf { a.interleave } else { b.interleave };
+            assert_eq!(
+                Strategy {
+                    rrf: false,
+                    interleave,
+                    ..b
+                },
+                a
+            );
         }
         // Deterministic per seed, different across seeds.
         assert_eq!(Strategy::sample(&spec, 5), Strategy::sample(&spec, 5));

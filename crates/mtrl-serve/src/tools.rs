@@ -45,6 +45,7 @@ impl ToolService {
                 "submit_excess": env.submit_excess.name(),
                 "default_query": env.default_query,
                 "submit_hits": env.submit_hits,
+                "submit_rrf": env.submit_rrf,
                 "failure_reward": env.failure_reward,
             },
         });

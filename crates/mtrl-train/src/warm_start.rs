@@ -35,6 +35,7 @@ pub fn teacher_spec(ws: &WarmStartConfig, env: &EnvConfig) -> TeacherSpec {
         p_interleave: ws.p_interleave,
         p_reorder: ws.p_reorder,
         p_top: ws.p_top,
+        p_rrf: ws.p_rrf,
         keyword_queries: ws.keyword_queries,
         omit_query: env.default_query,
         submit_hits: env.submit_hits,

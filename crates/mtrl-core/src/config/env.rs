@@ -16,6 +16,8 @@
 //! default_query = false        # a search call may leave out `query`: the task's question is searched
 //! submit_hits = false          # `submit` also takes `hits`: 1-based ranks of the hits shown (searches numbered in order),
 //!                              # or `top` (+ `interleave`): the first n distinct hits, in order or round-robin
+//! submit_rrf = false           # with submit_hits, `top` also takes `"rrf": true`: the first n of the searches'
+//!                              # hits fused by reciprocal rank (the ids both tools found first)
 //! failure_reward = -1.0
 //! reward = "ndcg@10"           # "recall@K", "exact_match", or a weighted sum:
 //! # reward = { "ndcg@10" = 0.8, "recall@100" = 0.2 }
@@ -50,6 +52,7 @@ pub struct EnvSpec {
     pub hits: Option<String>,
     pub default_query: Option<bool>,
     pub submit_hits: Option<bool>,
+    pub submit_rrf: Option<bool>,
     pub failure_reward: Option<f64>,
     pub reward: Option<RewardSpec>,
     pub system_prompt: Option<String>,
@@ -165,6 +168,8 @@ pub struct EnvConfig {
     pub default_query: bool,
     /// `submit` also takes `hits`, 1-based ranks into the most recent search's results.
     pub submit_hits: bool,
+    /// With `submit_hits`: `submit({"top": n, "rrf": true})` fuses the searches by reciprocal rank.
+    pub submit_rrf: bool,
     pub failure_reward: f64,
     pub reward: RewardChoice,
     pub system_prompt: Option<String>,
@@ -184,6 +189,7 @@ impl Default for EnvConfig {
             hits: HitFormat::Full,
             default_query: false,
             submit_hits: false,
+            submit_rrf: false,
             failure_reward: -1.0,
             reward: RewardChoice {
                 terms: vec![(RewardKind::Ndcg(10), 1.0)],
@@ -260,6 +266,14 @@ impl EnvSpec {
             16,
             1 << 24,
         )?;
+        let submit_hits = self.submit_hits.unwrap_or(d.submit_hits);
+        let submit_rrf = self.submit_rrf.unwrap_or(d.submit_rrf);
+        if submit_rrf && !submit_hits {
+            return Err(ctx.invalid(
+                "env.submit_rrf",
+                "needs env.submit_hits = true (it is a form of `top`)",
+            ));
+        }
         if max_context_tokens <= max_tokens_per_turn {
             return Err(ctx.invalid(
                 "env.max_context_tokens",
@@ -299,7 +313,8 @@ impl EnvSpec {
             )?,
             hits,
             default_query: self.default_query.unwrap_or(d.default_query),
-            submit_hits: self.submit_hits.unwrap_or(d.submit_hits),
+            submit_hits,
+            submit_rrf,
             failure_reward,
             reward,
             system_prompt: self.system_prompt,
@@ -316,6 +331,17 @@ mod tests {
 
     fn load(text: &str) -> Result<Config> {
         Config::from_toml_str(text, Path::new("configs/e.toml"))
+    }
+
+    #[test]
+    fn submit_rrf_needs_submit_hits() {
+        let e = load("[env]\nsubmit_hits = true\nsubmit_rrf = true\n").unwrap();
+        assert!(e.env.unwrap().submit_rrf);
+        let err = load("[env]\nsubmit_rrf = true\n").unwrap_err().to_string();
+        assert!(
+            err.contains("env.submit_rrf") && err.contains("submit_hits"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -193,6 +193,17 @@ impl ConfigSpec {
         let logging = self.logging.unwrap_or_default().validate(&ctx)?;
         let sft = self.sft.unwrap_or_default().validate(&ctx)?;
         let warm_start = self.warm_start.map(|s| s.validate(&ctx)).transpose()?;
+        if let Some(ws) = warm_start.as_ref().filter(|w| w.p_rrf > 0.0) {
+            if !env.as_ref().is_some_and(|e| e.submit_rrf) {
+                return Err(ctx.invalid(
+                    "warm_start.p_rrf",
+                    format!(
+                        "{} needs env.submit_rrf = true (the teacher writes {{\"top\": n, \"rrf\": true}})",
+                        ws.p_rrf
+                    ),
+                ));
+            }
+        }
         let distributed = self.distributed.unwrap_or_default().validate(&ctx)?;
         Ok(Config {
             source: path.to_path_buf(),
@@ -273,6 +284,19 @@ mod tests {
         let cfg = Config::from_toml_str("name = 'x'\n", Path::new("a.toml")).unwrap();
         let msg = cfg.search().unwrap_err().to_string();
         assert!(msg.contains("[search]") && msg.contains("a.toml"), "{msg}");
+    }
+
+    #[test]
+    fn p_rrf_needs_submit_rrf() {
+        let ws = "[warm_start]\nmodel_config = 'm.json'\ntokenizer = 't'\np_rrf = 0.5\n";
+        let load = |env: &str| Config::from_toml_str(&format!("{env}{ws}"), Path::new("d.toml"));
+        let err = load("[env]\nsubmit_hits = true\n").unwrap_err().to_string();
+        assert!(
+            err.contains("warm_start.p_rrf") && err.contains("d.toml"),
+            "{err}"
+        );
+        let cfg = load("[env]\nsubmit_hits = true\nsubmit_rrf = true\n").unwrap();
+        assert_eq!(cfg.warm_start.unwrap().p_rrf, 0.5);
     }
 
     #[test]

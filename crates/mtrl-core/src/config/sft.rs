@@ -25,6 +25,8 @@
 //! p_interleave = 0.5                    #   round-robin across searches or rank order,
 //! p_reorder = 0.2                       #   reversed or shuffled submissions,
 //! p_top = 0.0                           #   submit({"top": n}) instead of listing ranks (env.submit_hits)
+//! p_rrf = 0.0                           #   a merged submit fused by reciprocal rank instead
+//!                                       #   ({"top": n, "rrf": true}; needs env.submit_rrf)
 //! keyword_queries = true               # the teacher searches with content words only
 //! id_tokens = true                      # every document id is one token of the tokenizer
 //!
@@ -117,6 +119,7 @@ pub struct WarmStartSpec {
     pub p_interleave: Option<f64>,
     pub p_reorder: Option<f64>,
     pub p_top: Option<f64>,
+    pub p_rrf: Option<f64>,
     pub keyword_queries: Option<bool>,
     pub id_tokens: Option<bool>,
     pub rft: Option<RftSpec>,
@@ -152,6 +155,8 @@ pub struct WarmStartConfig {
     pub p_interleave: f64,
     pub p_reorder: f64,
     pub p_top: f64,
+    /// Probability that a submit of two or more searches is fused by reciprocal rank.
+    pub p_rrf: f64,
     pub keyword_queries: bool,
     pub id_tokens: bool,
     pub rft: Option<RftConfig>,
@@ -219,6 +224,7 @@ impl WarmStartSpec {
             p_interleave: prob("warm_start.p_interleave", self.p_interleave, 0.5)?,
             p_reorder: prob("warm_start.p_reorder", self.p_reorder, 0.2)?,
             p_top: prob("warm_start.p_top", self.p_top, 0.0)?,
+            p_rrf: prob("warm_start.p_rrf", self.p_rrf, 0.0)?,
             keyword_queries: self.keyword_queries.unwrap_or(true),
             id_tokens: self.id_tokens.unwrap_or(true),
             rft,

@@ -21,6 +21,7 @@ pub struct SubmitTool {
     final_k: usize,
     corpus: Option<Arc<Corpus>>,
     hits: bool,
+    rrf: bool,
     excess: SubmitExcess,
 }
 
@@ -31,6 +32,7 @@ impl SubmitTool {
             final_k,
             corpus,
             hits: false,
+            rrf: false,
             excess: SubmitExcess::Cut,
         }
     }
@@ -46,6 +48,13 @@ impl SubmitTool {
     /// into `doc_ids` (`env.submit_hits`, see [`crate::shortcuts`]).
     pub fn with_hits(mut self, hits: bool) -> SubmitTool {
         self.hits = hits;
+        self
+    }
+
+    /// Also lists `rrf` (with `top`: reciprocal-rank fusion of the searches) in the schema
+    /// (`env.submit_rrf`; needs `with_hits`).
+    pub fn with_rrf(mut self, rrf: bool) -> SubmitTool {
+        self.rrf = rrf;
         self
     }
 }
@@ -124,6 +133,12 @@ impl Tool for SubmitTool {
                 "type": "boolean",
                 "description": "With `top`: take the hits round-robin across the searches (1st of each, then 2nd of each, …) instead of one search after the other.",
             });
+            if self.rrf {
+                properties["rrf"] = json!({
+                    "type": "boolean",
+                    "description": "With `top`: fuse the searches by reciprocal rank (hits found by several searches first, then by rank) instead of one search after the other.",
+                });
+            }
             required = json!([]);
         }
         function_schema(
