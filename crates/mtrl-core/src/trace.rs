@@ -1,13 +1,12 @@
-//! Phase trace lines for placing a stall: with `MTRL_TRACE=1` (any value but empty or `0`) the
-//! trainer, the engine thread and the engine's first steps print one line per phase to stderr
-//! (repeated events — requests, engine steps — the first 8 and then every 256th; `MTRL_TRACE=all`
-//! prints every one) —
-//! seconds since the first trace, the thread's name, what just happened. The last line printed
-//! before a hang names the phase that hangs (`mtrl train` is otherwise silent until its first step
-//! record). Off, a trace point costs one relaxed load of a cached flag.
+//! Phase trace lines for placing a stall. With `MTRL_TRACE=1` (any value but empty or `0`) the
+//! trainer, the engine thread and the engine's first forwards print one line per phase to stderr:
+//! seconds since the first trace, the thread's name, what just happened. Repeated events (requests,
+//! engine steps) are traced for the first 8 and then every 256th; `MTRL_TRACE=all` traces every
+//! one. The last line printed before a hang names the phase that hangs (`mtrl train` is otherwise
+//! silent until its first step record). Off, a trace point costs one load of a cached flag.
 //!
 //! ```text
-//! [trace    0.412s mtrl-engine] engine step 1: start (0 active, 3 waiting)
+//! [trace     0.001s mtrl-engine] engine step 1: start, 15 unfinished
 //! ```
 
 use std::sync::OnceLock;
