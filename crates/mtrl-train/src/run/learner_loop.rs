@@ -127,12 +127,12 @@ impl Loop<'_> {
             Some(Err(e)) => eprintln!("warning: trajectory log: {e}"),
             _ => {}
         }
-        if let Err(e) = &result {
-            mtrl_core::trace!("the step loop failed ({e:#}); stopping the rollouts");
-        }
         // Bounded: an engine thread stuck in a decode step is left behind after
         // `SHUTDOWN_WAIT`, and the step loop's error (if any) is the one returned.
-        mtrl_core::trace!("stopping the rollouts");
+        match &result {
+            Err(e) => mtrl_core::trace!("stopping the rollouts (the step loop failed: {e:#})"),
+            Ok(_) => mtrl_core::trace!("stopping the rollouts"),
+        }
         let shut = rt.block_on(rollout.shutdown());
         mtrl_core::trace!("rollouts stopped");
         if let Some(h) = host {
