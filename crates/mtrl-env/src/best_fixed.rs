@@ -21,6 +21,7 @@ use crate::env::run_episode;
 use crate::error::Result;
 use crate::reward;
 use crate::search_env::{standard_tools_over, SearchEnv};
+use crate::shortcuts::Order;
 use crate::task::Task;
 use crate::teacher::{FixedStrategy, Reorder, Strategy, TeacherSpec};
 
@@ -51,30 +52,29 @@ impl Retriever for Memo {
 
 /// The candidate strategies (see the module docs).
 pub fn candidates(spec: &TeacherSpec) -> Vec<Strategy> {
-    let one = |searches: Vec<(String, usize)>, interleave: bool, rrf: bool| Strategy {
+    let one = |searches: Vec<(String, usize)>, order: Order| Strategy {
         searches,
         one_message: true,
-        interleave,
+        order,
         reorder: Reorder::None,
         submit: spec.final_k,
         top: spec.submit_hits && spec.p_top > 0.0,
-        rrf,
     };
     let mut out: Vec<Strategy> = spec
         .tools
         .iter()
-        .map(|t| one(vec![(t.clone(), spec.max_k)], false, false))
+        .map(|t| one(vec![(t.clone(), spec.max_k)], Order::Calls))
         .collect();
     for a in &spec.tools {
         for b in spec.tools.iter().filter(|b| *b != a) {
             for k1 in 1..=spec.max_k {
                 for k2 in 1..=spec.max_k {
                     let s = vec![(a.clone(), k1), (b.clone(), k2)];
-                    out.push(one(s.clone(), false, false));
+                    out.push(one(s.clone(), Order::Calls));
                     if spec.p_rrf > 0.0 {
-                        out.push(one(s.clone(), false, true));
+                        out.push(one(s.clone(), Order::Rrf));
                     }
-                    out.push(one(s, true, false));
+                    out.push(one(s, Order::RoundRobin));
                 }
             }
         }
@@ -129,12 +129,11 @@ mod tests {
         assert_eq!(c.len(), 2 + 2 * 9 * 2);
         assert!(c.iter().all(|s| s.submit == spec.final_k && s.one_message));
         assert_eq!(c[0].searches, vec![("bm25_search".to_string(), 3)]);
-        assert!(c.iter().all(|s| !s.rrf));
+        assert!(c.iter().all(|s| s.order != Order::Rrf));
         // A fusing teacher adds the fused form of every pair.
         let fusing = TeacherSpec { p_rrf: 0.5, ..spec };
         let c = candidates(&fusing);
         assert_eq!(c.len(), 2 + 2 * 9 * 3);
-        assert_eq!(c.iter().filter(|s| s.rrf).count(), 2 * 9);
-        assert!(c.iter().all(|s| !(s.rrf && s.interleave)));
+        assert_eq!(c.iter().filter(|s| s.order == Order::Rrf).count(), 2 * 9);
     }
 }

@@ -32,7 +32,7 @@ use crate::env::{Action, Agent, Observation};
 use crate::error::{EnvError, Result};
 use crate::parser::format_tool_call;
 use crate::scripted::{hit_ids, rrf};
-use crate::shortcuts::round_robin;
+use crate::shortcuts::{round_robin, Order};
 
 /// The teacher's action space and how it samples it.
 #[derive(Debug, Clone, PartialEq)]
@@ -101,16 +101,14 @@ pub struct Strategy {
     /// (tool, k) of each search, in order.
     pub searches: Vec<(String, usize)>,
     pub one_message: bool,
-    /// Round-robin across the searches (1st of each, then 2nd of each, …), else their hits
-    /// concatenated in rank order.
-    pub interleave: bool,
+    /// How the searches' hits are merged: concatenated in call order, round-robin (1st of each,
+    /// then 2nd of each, …) or fused by reciprocal rank (two or more searches).
+    pub order: Order,
     pub reorder: Reorder,
     /// Hits submitted (fewer when the searches returned fewer).
     pub submit: usize,
     /// Written `{"top": submit}` (the first distinct hits) rather than as a list of ranks.
     pub top: bool,
-    /// Fused by reciprocal rank (two or more searches); overrides `interleave`.
-    pub rrf: bool,
 }
 
 impl Strategy {
@@ -139,14 +137,20 @@ impl Strategy {
         let top = spec.submit_hits && reorder == Reorder::None && rng.next_f64() < spec.p_top;
         // After everything else, so that `p_rrf = 0` leaves every strategy of a seed as it was.
         let rrf = n > 1 && spec.p_rrf > 0.0 && rng.next_f64() < spec.p_rrf;
+        let order = if rrf {
+            Order::Rrf
+        } else if interleave {
+            Order::RoundRobin
+        } else {
+            Order::Calls
+        };
         Strategy {
             searches,
             one_message,
-            interleave: interleave && !rrf,
+            order,
             reorder,
             submit,
             top,
-            rrf,
         }
     }
 
@@ -157,12 +161,10 @@ impl Strategy {
             .iter()
             .map(|(t, k)| format!("{}:{k}", t.trim_end_matches("_search")))
             .collect();
-        let mut order = if self.rrf {
-            "fused"
-        } else if self.interleave {
-            "interleaved"
-        } else {
-            "ranked"
+        let mut order = match self.order {
+            Order::Rrf => "fused",
+            Order::RoundRobin => "interleaved",
+            Order::Calls => "ranked",
         }
         .to_string();
         match self.reorder {
@@ -177,7 +179,7 @@ impl Strategy {
     /// The 1-based global ranks to submit, given each search's hits (fused by reciprocal rank:
     /// each id at the rank of its first appearance).
     pub fn ranks_of(&self, lists: &[Vec<String>]) -> Vec<usize> {
-        if !self.rrf {
+        if self.order != Order::Rrf {
             let lens: Vec<usize> = lists.iter().map(Vec::len).collect();
             return self.ranks(&lens);
         }
@@ -192,7 +194,7 @@ impl Strategy {
     /// The 1-based global ranks to submit, given how many hits each search returned (rank order
     /// or round-robin; see [`Strategy::ranks_of`] for fused lists).
     pub fn ranks(&self, lens: &[usize]) -> Vec<usize> {
-        let ranks: Vec<usize> = if self.interleave {
+        let ranks: Vec<usize> = if self.order == Order::RoundRobin {
             round_robin(lens)
         } else {
             (1..=lens.iter().sum()).collect()
@@ -306,12 +308,10 @@ impl Agent for FixedStrategy {
         }
         // The compact form names the choice; the environment resolves it against the hits.
         if self.submit_hits && s.top {
-            let args = if s.rrf {
-                json!({"top": s.submit, "rrf": true})
-            } else if s.interleave {
-                json!({"top": s.submit, "interleave": true})
-            } else {
-                json!({"top": s.submit})
+            let args = match s.order {
+                Order::Rrf => json!({"top": s.submit, "rrf": true}),
+                Order::RoundRobin => json!({"top": s.submit, "interleave": true}),
+                Order::Calls => json!({"top": s.submit}),
             };
             return Ok(Action::text(call("submit", args)));
         }

@@ -1,6 +1,7 @@
 //! What a policy *does*, measured from its trajectories: tool mix, searches per episode, `k`,
 //! hits submitted and turns — so a results table shows the learned strategy, not just a score.
 
+use mtrl_core::trajectory::ToolCallRecord;
 use mtrl_core::Trajectory;
 use serde::{Deserialize, Serialize};
 
@@ -16,6 +17,10 @@ pub struct StrategyStats {
     pub bm25_share: f64,
     /// Share of episodes that searched with both tools.
     pub both_tools: f64,
+    /// Share of submitting episodes whose submit fused the searches (`"rrf": true`). Absent from
+    /// reports written before the fusion action: read as 0.
+    #[serde(default)]
+    pub fused: f64,
     /// Mean `k` of the search calls that gave one.
     pub mean_k: f64,
     /// Ids in the submitted list (episodes that submitted).
@@ -28,7 +33,7 @@ pub struct StrategyStats {
 impl StrategyStats {
     pub fn of<'a>(trajs: impl IntoIterator<Item = &'a Trajectory>) -> StrategyStats {
         let (mut n, mut searches, mut bm25, mut both, mut turns) = (0usize, 0usize, 0usize, 0, 0);
-        let (mut ks, mut k_sum, mut subs, mut hits) = (0usize, 0.0, 0usize, 0usize);
+        let (mut ks, mut k_sum, mut subs, mut hits, mut fused) = (0usize, 0.0, 0usize, 0usize, 0);
         for t in trajs {
             n += 1;
             turns += t.turns as usize;
@@ -52,6 +57,12 @@ impl StrategyStats {
             if let Some(a) = &t.answer {
                 subs += 1;
                 hits += a.len();
+                let rrf = |c: &ToolCallRecord| {
+                    c.error.is_none() && c.name == "submit" && c.arguments["rrf"] == true
+                };
+                if t.tool_calls.iter().any(rrf) {
+                    fused += 1;
+                }
             }
         }
         let per = |x: usize, d: usize| if d == 0 { 0.0 } else { x as f64 / d as f64 };
@@ -60,6 +71,7 @@ impl StrategyStats {
             searches: per(searches, n),
             bm25_share: per(bm25, searches),
             both_tools: per(both, n),
+            fused: per(fused, subs),
             mean_k: if ks == 0 { 0.0 } else { k_sum / ks as f64 },
             hits_submitted: per(hits, subs),
             submitted: per(subs, n),
@@ -73,8 +85,8 @@ impl EvalReport {
     /// attempts were run).
     pub fn strategy_markdown(&self) -> String {
         let mut out = String::from(
-            "| benchmark | model | decoding | searches | bm25 share | both tools | mean k | hits submitted | submitted | turns |\n\
-             |---|---|---|---:|---:|---:|---:|---:|---:|---:|\n",
+            "| benchmark | model | decoding | searches | bm25 share | both tools | fused | mean k | hits submitted | submitted | turns |\n\
+             |---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         for d in &self.datasets {
             for r in &d.runs {
@@ -85,12 +97,13 @@ impl EvalReport {
                 for (how, s) in rows {
                     let Some(s) = s else { continue };
                     out.push_str(&format!(
-                        "| {} | {} | {how} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} | {:.2} |\n",
+                        "| {} | {} | {how} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} | {:.2} |\n",
                         d.benchmark,
                         r.label,
                         s.searches,
                         s.bm25_share,
                         s.both_tools,
+                        s.fused,
                         s.mean_k,
                         s.hits_submitted,
                         s.submitted,
@@ -105,7 +118,6 @@ impl EvalReport {
 
 #[cfg(test)]
 mod tests {
-    use mtrl_core::trajectory::ToolCallRecord;
     use serde_json::json;
 
     use super::*;
@@ -130,6 +142,7 @@ mod tests {
             call("vector_search", Some(9), true),
             call("submit", None, false),
         ];
+        a.tool_calls[3].arguments = json!({"top": 3, "rrf": true});
         a.answer = Some(vec!["1".into(), "2".into(), "3".into()]);
         a.turns = 2;
         let mut b = Trajectory::new("b");
@@ -143,6 +156,10 @@ mod tests {
         assert_eq!(s.mean_k, 7.0);
         assert_eq!(s.hits_submitted, 3.0);
         assert_eq!(s.submitted, 0.5);
+        assert_eq!(s.fused, 1.0, "the one submitting episode fused");
+        let mut c = a.clone();
+        c.tool_calls[3].arguments = json!({"top": 3, "rrf": false});
+        assert_eq!(StrategyStats::of([&a, &c]).fused, 0.5);
         assert_eq!(s.turns, 3.0);
     }
 }

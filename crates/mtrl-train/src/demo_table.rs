@@ -378,9 +378,9 @@ pub fn table(runs: &[SeedRun]) -> Result<String> {
     );
     w!(
         out,
-        "| collection | model | searches | bm25 share | both tools | mean k | hits submitted | turns |"
+        "| collection | model | searches | bm25 share | both tools | fused | mean k | hits submitted | turns |"
     );
-    w!(out, "|---|---|---:|---:|---:|---:|---:|---:|");
+    w!(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
     for (c, rs) in &by {
         for label in labels
             .iter()
@@ -409,10 +409,11 @@ pub fn table(runs: &[SeedRun]) -> Result<String> {
             };
             w!(
                 out,
-                "| {c} | {label} | {} | {} | {} | {} | {} | {} |",
+                "| {c} | {label} | {} | {} | {} | {} | {} | {} | {} |",
                 cell(|s| s.searches, 2),
                 cell(|s| s.bm25_share, 2),
                 cell(|s| s.both_tools, 2),
+                cell(|s| s.fused, 2),
                 cell(|s| s.mean_k, 1),
                 cell(|s| s.hits_submitted, 1),
                 cell(|s| s.turns, 2)

@@ -15,11 +15,14 @@ fn strategy(interleave: bool, reorder: Reorder, submit: usize) -> Strategy {
     Strategy {
         searches: vec![("bm25_search".into(), 3), ("vector_search".into(), 2)],
         one_message: true,
-        interleave,
+        order: if interleave {
+            Order::RoundRobin
+        } else {
+            Order::Calls
+        },
         reorder,
         submit,
         top: false,
-        rrf: false,
     }
 }
 
@@ -55,12 +58,12 @@ fn ranks_number_every_search_in_order() {
         vec!["c".to_string(), "d".into()],
     ];
     let fused = Strategy {
-        rrf: true,
+        order: Order::Rrf,
         ..strategy(false, Reorder::None, 10)
     };
     assert_eq!(fused.ranks_of(&lists), vec![3, 1, 2, 5]);
     let fused_reversed = Strategy {
-        rrf: true,
+        order: Order::Rrf,
         ..strategy(false, Reorder::Reversed, 2)
     };
     assert_eq!(fused_reversed.ranks_of(&lists), vec![5, 2]);
@@ -113,7 +116,7 @@ fn every_knob_moves_the_strategy_distribution() {
         ..spec.clone()
     };
     assert_eq!(share(&separate, |s| s.one_message), 0.0);
-    let interleaved = |s: &Strategy| s.interleave && s.reorder == Reorder::None;
+    let interleaved = |s: &Strategy| s.order == Order::RoundRobin && s.reorder == Reorder::None;
     let always = TeacherSpec {
         p_interleave: 1.0,
         p_reorder: 0.0,
@@ -160,23 +163,20 @@ fn every_knob_moves_the_strategy_distribution() {
         p_rrf: 0.5,
         ..tops.clone()
     };
-    assert!((share(&fused, |s| s.rrf) - 0.25).abs() < 0.03);
-    assert_eq!(share(&fused, |s| s.rrf && s.searches.len() < 2), 0.0);
-    assert_eq!(share(&fused, |s| s.rrf && s.interleave), 0.0);
+    let rrf = |s: &Strategy| s.order == Order::Rrf;
+    assert!((share(&fused, rrf) - 0.25).abs() < 0.03);
+    assert_eq!(share(&fused, |s| rrf(s) && s.searches.len() < 2), 0.0);
     for seed in 0..200u64 {
         let (a, b) = (
             Strategy::sample(&tops, seed),
             Strategy::sample(&fused, seed),
         );
-        let interleave = if b.rrf { a.interleave } else { b.interleave };
-        assert_eq!(
-            Strategy {
-                rrf: false,
-                interleave,
-                ..b
-            },
-            a
-        );
+        let order = if b.order == Order::Rrf {
+            a.order
+        } else {
+            b.order
+        };
+        assert_eq!(Strategy { order, ..b }, a);
     }
     // Deterministic per seed, different across seeds.
     assert_eq!(Strategy::sample(&spec, 5), Strategy::sample(&spec, 5));
