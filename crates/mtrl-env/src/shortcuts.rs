@@ -118,13 +118,7 @@ fn resolve_submit(
         if searches.is_empty() {
             return Err("`top` takes the results of a search, and there was none yet".into());
         }
-        let order = if rrf {
-            Order::Rrf
-        } else if interleave {
-            Order::RoundRobin
-        } else {
-            Order::Calls
-        };
+        let order = Order::of(rrf, interleave);
         top_hits(&searches, n, order)
     };
     let mut out = map.clone();
@@ -174,6 +168,19 @@ pub enum Order {
     RoundRobin,
     /// Reciprocal-rank fusion ([`crate::scripted::rrf`], as `hybrid-rrf`).
     Rrf,
+}
+
+impl Order {
+    /// The order a submit's `rrf` and `interleave` flags name (`rrf` wins; neither: call order).
+    pub fn of(rrf: bool, interleave: bool) -> Order {
+        if rrf {
+            Order::Rrf
+        } else if interleave {
+            Order::RoundRobin
+        } else {
+            Order::Calls
+        }
+    }
 }
 
 /// `top`: the first `n` distinct ids of the searches' results in `order`; fewer when fewer were

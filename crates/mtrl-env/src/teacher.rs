@@ -137,13 +137,7 @@ impl Strategy {
         let top = spec.submit_hits && reorder == Reorder::None && rng.next_f64() < spec.p_top;
         // After everything else, so that `p_rrf = 0` leaves every strategy of a seed as it was.
         let rrf = n > 1 && spec.p_rrf > 0.0 && rng.next_f64() < spec.p_rrf;
-        let order = if rrf {
-            Order::Rrf
-        } else if interleave {
-            Order::RoundRobin
-        } else {
-            Order::Calls
-        };
+        let order = Order::of(rrf, interleave);
         Strategy {
             searches,
             one_message,

@@ -15,11 +15,7 @@ fn strategy(interleave: bool, reorder: Reorder, submit: usize) -> Strategy {
     Strategy {
         searches: vec![("bm25_search".into(), 3), ("vector_search".into(), 2)],
         one_message: true,
-        order: if interleave {
-            Order::RoundRobin
-        } else {
-            Order::Calls
-        },
+        order: Order::of(false, interleave),
         reorder,
         submit,
         top: false,
