@@ -159,6 +159,19 @@ class ToolService:
                 self._catalog = Catalog(body["tools"], body["system_prompt"], body.get("env") or {})
             return self._catalog
 
+    def shortcuts(self, name: str, arguments: Any, question: str, earlier: list["CallRecord"]) -> Any:
+        body = {
+            "arguments": arguments,
+            "question": question,
+            "earlier": [{"name": c.name, "ids": c.result_ids, "error": c.error} for c in earlier],
+        }
+        status, reply = self._request(f"/shortcuts/{name}", body)
+        if status == 422:
+            raise ToolError(reply["error"]["message"])
+        if status != 200:
+            raise RuntimeError(f"POST /shortcuts/{name}: HTTP {status}: {reply}")
+        return reply["arguments"]
+
     def call(self, name: str, arguments: Any) -> Outcome:
         status, body = self._request(f"/tools/{name}", arguments)
         if status == 422:
@@ -181,48 +194,10 @@ class CallRecord:
     error: str | None
 
 
-def _compact(value: Any) -> str:
-    """A JSON value as serde_json's Display writes it."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
-def _is_rank(value: Any) -> bool:
-    # serde_json's as_u64: a non-negative JSON integer (not 1.0, not a bool)
-    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value < 2**64
-
-
-def resolve(catalog: Catalog, name: str, arguments: Any, question: str, earlier: list[CallRecord]) -> Any:
-    """`arguments` with the enabled shortcuts resolved; ToolError with the message shown otherwise."""
-    if not isinstance(arguments, dict):
-        return arguments
-    if name == FINAL_TOOL:
-        if not catalog.setting("submit_hits", False) or "hits" not in arguments:
-            return arguments
-        if "doc_ids" in arguments:
-            raise ToolError("give `doc_ids` or `hits`, not both")
-        ranks = arguments["hits"]
-        if not isinstance(ranks, list):
-            raise ToolError("`hits` must be a list of 1-based ranks, e.g. [1, 2, 3]")
-        last = next((c for c in reversed(earlier) if c.error is None and c.name != name), None)
-        if last is None:
-            raise ToolError("`hits` refers to the results of a search, and there was none yet")
-        ids = []
-        for r in ranks:
-            if not _is_rank(r):
-                raise ToolError(f"`hits` holds {_compact(r)}, not a rank (1, 2, …)")
-            if r > len(last.result_ids):
-                raise ToolError(
-                    f"hit {r} is out of range: the last search ({last.name}) returned {len(last.result_ids)}"
-                )
-            ids.append(last.result_ids[r - 1])
-        out = {k: v for k, v in arguments.items() if k != "hits"}
-        out["doc_ids"] = ids
-        return out
-    schema = catalog.schema(name) or {}
-    takes_query = "query" in schema.get("function", {}).get("parameters", {}).get("properties", {})
-    if catalog.setting("default_query", False) and "query" not in arguments and takes_query:
-        return {**arguments, "query": question}
-    return arguments
+def resolve(tools: "ToolService", name: str, arguments: Any, question: str, earlier: list[CallRecord]) -> Any:
+    """`arguments` with the enabled shortcuts resolved (`POST /shortcuts/<name>`: the in-process
+    environment's own resolution, shortcuts.rs); ToolError with the message shown otherwise."""
+    return tools.shortcuts(name, arguments, question, earlier)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -350,7 +325,7 @@ def episode(client: openai.OpenAI, task: Task, params: dict[str, Any], tools: To
                 error = f"unknown tool `{name}` (available: {', '.join(names)})"
             elif error is None:
                 try:
-                    args = resolve(catalog, name, call.arguments, task.query, earlier)
+                    args = resolve(tools, name, call.arguments, task.query, earlier)
                     out = tools.call(name, args)
                 except ToolError as e:
                     error = str(e)

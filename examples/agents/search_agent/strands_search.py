@@ -1,7 +1,7 @@
 """The strands search agent: one episode against an OpenAI-compatible policy and `mtrl serve-tools`.
 
 The tools are strands `@tool` functions with the schemas `GET /tools` serves; arguments go
-through mtrl's shortcuts (`default_query`, `submit_hits`) as in-process, at most
+through mtrl's shortcuts (`POST /shortcuts/<name>`, the in-process resolution), at most
 `max_calls_per_turn` calls run per message, no model call is made after an answer or after
 `max_turns` messages, and the reward is the answer's nDCG@10. Used by `app.py`
 (bedrock-agentcore) and by `../toolkit_agent/` (agentcore-rl-toolkit).
@@ -64,7 +64,7 @@ class Episode:
             self.earlier.append(CallRecord("error", [], "too many"))
             return f"error: too many tool calls in one message (at most {max_calls}); this one was not run"
         try:
-            args = resolve(self.catalog, name, arguments, self.task.query, self.earlier)
+            args = resolve(self.tools, name, arguments, self.task.query, self.earlier)
             out = self.tools.call(name, args)
         except ToolError as e:
             self.bad_answer |= name == FINAL_TOOL
