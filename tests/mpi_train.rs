@@ -236,13 +236,32 @@ fn a_killed_rank_ends_the_job_and_the_checkpoint_stays_valid() {
 #[test]
 fn a_hung_rank_is_named_within_the_timeout() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = setup(dir.path(), "", "timeout_s = 6");
+    // The step arrivals' bound is set: derived from the rollout bounds it would be minutes.
+    let cfg = setup(dir.path(), "", "timeout_s = 6\nstep_timeout_s = 6");
     let (out, secs) = mpirun(2, &cfg, &[], &[("MTRL_RANK_FAULT", "hang:1@3")]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("rank(s) 1 did not reach step 3"), "{err}");
     assert!(secs < 45.0, "the job took {secs:.1} s to end");
     resumes(&cfg, 2);
+}
+
+/// Issue 43, defect 4: a rank late by more than the collective timeout, but within what its
+/// rollouts may healthily take, does not end the job: the step arrivals' bound is derived from
+/// the rollout bounds (`distributed.step_timeout_s` unset).
+#[test]
+fn a_slow_but_healthy_rank_does_not_end_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = setup(dir.path(), "", "timeout_s = 3");
+    let (out, _) = mpirun(
+        2,
+        &cfg,
+        &["--max-steps", "3"],
+        &[("MTRL_RANK_FAULT", "slow:1@2")],
+    );
+    ok(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("rank 1 is 8 s late"), "{err}");
 }
 
 #[test]

@@ -255,3 +255,163 @@ fn trace_lines_place_each_phase() {
     assert!(!run(None).contains("[trace"));
     assert!(!run(Some("0")).contains("[trace"));
 }
+
+/// Issue 43, item 7: the first SIGTERM stops a run gracefully; a second one (a user pressing
+/// Ctrl-C again) ends it at once with status 130, and the checkpoints left behind are whole.
+#[test]
+fn a_second_signal_ends_the_run_at_once() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let d = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        d.path(),
+        "group_size = 4\nrollout_max_concurrency = 4",
+        "global_batch_size = 4\nmax_steps = 100000",
+        "every_steps = 1\nkeep_last = 2",
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mtrl"))
+        .args(["train", "--quiet", "--config", cfg.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let run = d.path().join("run");
+    let t0 = Instant::now();
+    while std::fs::read_to_string(run.join("metrics.jsonl"))
+        .map(|s| s.lines().count() < 2)
+        .unwrap_or(true)
+    {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no progress");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pid = child.id().to_string();
+    for sig in ["-TERM", "-INT"] {
+        assert!(Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let t1 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t1.elapsed() < Duration::from_secs(10),
+            "still running 10 s after two signals"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(
+        status.code() == Some(130) || status.success(),
+        "{status:?}: {err}"
+    );
+    // Whatever was written is whole: the run resumes from a verified checkpoint.
+    let mgr = mtrl_learner::CheckpointManager::new(&run, 2);
+    let (latest, _) = mgr.latest_valid().unwrap();
+    assert!(latest.is_some(), "{err}");
+    let out = train(&cfg, &["--max-steps", "4"]);
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(s["resumed_from"].as_u64().unwrap_or(0) >= 1, "{s}");
+}
+
+/// Issue 43, defect 1, as a user met it: `keep_last = 1`, a copy of the newest checkpoint renamed
+/// to a later step and damaged; the resumed run's save used to delete every valid checkpoint, so
+/// the next `mtrl train` began again at step 0. Now the damaged folder is set aside and the run
+/// goes on from its last valid step.
+#[test]
+fn a_damaged_later_checkpoint_loses_no_valid_one() {
+    let d = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        d.path(),
+        "group_size = 4\nrollout_max_concurrency = 4",
+        "global_batch_size = 4\nmax_steps = 8",
+        "every_steps = 2\nkeep_last = 1",
+    );
+    train(&cfg, &["--max-steps", "4"]);
+    let run = d.path().join("run");
+    let src = run.join("step-00000004");
+    let bad = run.join("step-00000010");
+    copy_dir(&src, &bad);
+    let w = bad.join("policy/model.safetensors");
+    let bytes = std::fs::read(&w).unwrap();
+    std::fs::write(&w, &bytes[..bytes.len() / 2]).unwrap();
+    let out = train(&cfg, &["--max-steps", "6"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("step-00000010") && err.contains("rejected-"),
+        "{err}"
+    );
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (s["resumed_from"].as_u64(), s["steps"].as_u64()),
+        (Some(4), Some(6)),
+        "{s}"
+    );
+    // The next start resumes from step 6, not from scratch.
+    let out = train(&cfg, &["--max-steps", "8"]);
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s["resumed_from"].as_u64(), Some(6), "{s}");
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dest = to.join(e.file_name());
+        if e.path().is_dir() {
+            copy_dir(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).unwrap();
+        }
+    }
+}
+
+/// Issue 43, defect 2: an update skipped for a non-finite loss or gradient is reported on stderr
+/// and in the step record; `train.max_skipped_updates` steps in a row end the run with an error
+/// naming the cause, and 0 never ends it.
+#[test]
+fn non_finite_updates_are_reported_and_bounded() {
+    let d = tempfile::tempdir().unwrap();
+    // A learning rate that blows the weights up: the first update lands, later losses are not
+    // finite.
+    let cfg = write_config(
+        d.path(),
+        "group_size = 4\nrollout_max_concurrency = 4",
+        "global_batch_size = 4\nmax_steps = 8\nmax_skipped_updates = 2",
+        "every_steps = 0",
+    );
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let text = text
+        .replace("lr = 0.01", "lr = 1e30")
+        .replace("grad_clip = 1.0", "grad_clip = 0.0");
+    std::fs::write(&cfg, text).unwrap();
+    let out = mtrl(&["train", "--quiet", "--config", cfg.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("max_skipped_updates") && err.contains("non-finite"),
+        "{err}"
+    );
+    assert!(err.contains("optimizer update(s) skipped"), "{err}");
+    // 0 = never stop: the same run reaches its last step, every skip still reported.
+    std::fs::remove_dir_all(d.path().join("run")).unwrap();
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(
+        &cfg,
+        text.replace("max_skipped_updates = 2", "max_skipped_updates = 0"),
+    )
+    .unwrap();
+    let out = train(&cfg, &[]);
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s["steps"], 8, "{s}");
+    let skipped = records(&d.path().join("run"))
+        .iter()
+        .filter(|r| r["skip_reason"].is_string())
+        .count();
+    assert!(skipped >= 2, "{skipped} records name a skipped update");
+}

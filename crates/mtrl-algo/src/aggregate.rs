@@ -68,7 +68,8 @@ pub fn aggregate(
         )));
     }
     let mask = mask.to_dtype(per_token.dtype())?;
-    let masked = per_token.mul(&mask)?;
+    // Selected, then weighted: a NaN or ±inf at a masked position must not survive `· 0`.
+    let masked = crate::loss::select_masked(per_token, &mask)?.mul(&mask)?;
     Ok(match agg {
         Aggregation::TokenMean => (masked.sum_all()? / global.tokens)?,
         Aggregation::SeqMeanTokenMean => {

@@ -1,5 +1,8 @@
 //! KL penalty to a frozen reference policy, per token: the k3 estimator
 //! exp(ref − logp) − (ref − logp) − 1 (unbiased, always ≥ 0), as used by GRPO.
+//!
+//! Guards as verl's `kl_penalty("low_var_kl")`: ref − logp is clamped to ±20 before `exp` and
+//! the estimate to at most 10, so one far-off token cannot dominate (or overflow) the penalty.
 
 use candle_core::Tensor;
 
@@ -7,8 +10,8 @@ use crate::error::Result;
 
 /// Per-token k3 KL estimate; the gradient flows through `logp` only.
 pub fn kl_k3(logp: &Tensor, ref_logp: &Tensor) -> Result<Tensor> {
-    let d = (ref_logp.detach() - logp)?;
-    Ok(((d.exp()? - &d)? - 1.0)?)
+    let d = (ref_logp.detach() - logp)?.clamp(-20.0, 20.0)?;
+    Ok(((d.exp()? - &d)? - 1.0)?.minimum(10.0)?)
 }
 
 #[cfg(test)]

@@ -20,11 +20,28 @@
 //!
 //! Advantages are per sequence (`[B]`, broadcast over tokens) or per token (`[B, T]`, for the
 //! per-turn estimators).
+//!
+//! Numerical guards (as verl's `core_algos.py`): the log-ratio is clamped to ±[`LOG_RATIO_BOUND`]
+//! before `exp`, weights and caps are formed in log space (`min(r, C)/r = exp(min(0, ln C − ln r))`,
+//! never 0/0), and the per-token loss is *selected* to 0 at masked positions (`where`, not `· 0`,
+//! which would keep a NaN or ±inf from a prompt or padding position: their "behaviour" log-prob
+//! is a placeholder 0). Dual-clip PPO is offered (`algorithm.dual_clip`, off by default).
 
 use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{AlgoError, Result};
+
+/// |log π_θ − log π_old| above this is clamped before `exp` (verl: ±20).
+pub const LOG_RATIO_BOUND: f64 = 20.0;
+
+/// `t` where `mask` ≠ 0, exactly 0 elsewhere (whatever `t` holds there, NaN included); the
+/// gradient into `t` at masked positions is 0 too.
+pub fn select_masked(t: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    let keep = mask.ne(0.0)?;
+    let zeros = t.zeros_like()?;
+    Ok(keep.where_cond(t, &zeros)?)
+}
 
 /// A policy loss, picked by name in the config.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -50,7 +67,8 @@ pub struct LossInputs<'a> {
     pub logp: &'a Tensor,
     /// Proximal / old policy log-probs (no gradient).
     pub logp_old: &'a Tensor,
-    /// Behaviour log-probs reported by the rollout engine, with the truncation cap C.
+    /// Behaviour log-probs reported by the rollout engine, with the truncation cap C
+    /// (`f64::INFINITY`: untruncated).
     pub behaviour: Option<(&'a Tensor, f64)>,
     pub advantages: &'a Tensor,
     /// 1 on tokens that count (policy-sampled), 0 elsewhere.
@@ -59,7 +77,7 @@ pub struct LossInputs<'a> {
 
 /// Per-token loss plus the diagnostics the learner logs.
 pub struct LossOutput {
-    /// `[B, T]`, not yet masked.
+    /// `[B, T]`, exactly 0 at masked positions (not yet weighted or aggregated).
     pub per_token: Tensor,
     /// Number of masked tokens whose objective was clipped (PPO) or capped (CISPO, IS).
     pub clipped_tokens: f64,
@@ -68,7 +86,8 @@ pub struct LossOutput {
 }
 
 fn mask_sum(t: &Tensor, mask: &Tensor) -> Result<f64> {
-    Ok(t.to_dtype(mask.dtype())?
+    let t = t.to_dtype(mask.dtype())?;
+    Ok(select_masked(&t, mask)?
         .mul(mask)?
         .sum_all()?
         .to_dtype(DType::F64)?
@@ -101,7 +120,8 @@ pub fn per_token_loss(loss: PolicyLoss, x: &LossInputs<'_>) -> Result<LossOutput
         }
     };
     let old = x.logp_old.detach();
-    let ratio = (x.logp - &old)?.exp()?;
+    let log_ratio = (x.logp - &old)?.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)?;
+    let ratio = log_ratio.exp()?;
     let (per_token, clipped) = match loss {
         PolicyLoss::Ppo {
             clip_low,
@@ -145,10 +165,16 @@ pub fn per_token_loss(loss: PolicyLoss, x: &LossInputs<'_>) -> Result<LossOutput
         }
         PolicyLoss::Is { cap: None } => (ratio.mul(&adv)?.neg()?, 0.0),
         PolicyLoss::Is { cap: Some(cap) } => {
-            let r = ratio.detach();
-            let over = r.gt(cap)?;
-            // sg(min(r, C) / r): 1 below the cap, C / r above it.
-            let scale = r.clamp(f64::MIN, cap)?.div(&r)?.detach();
+            if cap <= 0.0 {
+                return Err(AlgoError::Invalid(format!(
+                    "the IS cap must be > 0, got {cap}"
+                )));
+            }
+            let lr = log_ratio.detach();
+            let over = lr.gt(cap.ln())?;
+            // sg(min(r, C) / r) = exp(min(0, ln C − ln r)): 1 below the cap, C / r above it,
+            // finite wherever r underflows.
+            let scale = lr.affine(-1.0, cap.ln())?.minimum(0.0)?.exp()?;
             let l = ratio.mul(&scale)?.mul(&adv)?.neg()?;
             (l, mask_sum(&over, x.mask)?)
         }
@@ -162,15 +188,21 @@ pub fn per_token_loss(loss: PolicyLoss, x: &LossInputs<'_>) -> Result<LossOutput
                     behaviour.dims()
                 )));
             }
+            if c <= 0.0 {
+                return Err(AlgoError::Invalid(format!(
+                    "the TIS cap must be > 0, got {c}"
+                )));
+            }
+            // min(exp(old − behaviour), C) in log space.
             let w = (&old - behaviour.to_dtype(dtype)?.detach())?
-                .exp()?
-                .clamp(f64::MIN, c)?;
+                .clamp(-LOG_RATIO_BOUND, c.ln())?
+                .exp()?;
             let sum = mask_sum(&w, x.mask)?;
             (per_token.mul(&w)?, sum)
         }
     };
     Ok(LossOutput {
-        per_token,
+        per_token: select_masked(&per_token, x.mask)?,
         clipped_tokens: clipped,
         behaviour_weight_sum: weight_sum,
     })

@@ -68,6 +68,12 @@ pub struct StepRecord {
     pub micro_batches: u64,
     /// The update was skipped (no trained token, or a non-finite gradient).
     pub skipped: bool,
+    /// Optimizer updates skipped for a non-finite loss or gradient norm, and the first cause
+    /// (`train.max_skipped_updates` steps in a row with one end the run).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skipped_updates: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skip_reason: Option<String>,
     /// Trained samples by lag (`staleness_counts[lag]`, in policy versions).
     pub staleness_counts: Vec<u64>,
     /// Samples dropped for a lag over the bound.
@@ -183,6 +189,8 @@ impl Default for StepRecord {
             sequences: 0,
             micro_batches: 0,
             skipped: false,
+            skipped_updates: 0,
+            skip_reason: None,
             staleness_counts: Vec::new(),
             staleness_violations: 0,
             admission_wait_s: 0.0,

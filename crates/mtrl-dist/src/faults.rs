@@ -1,17 +1,21 @@
 //! Rank faults for the failure tests: `MTRL_RANK_FAULT=kill:1@2` makes rank 1 kill itself
-//! (SIGKILL) when it reaches step 2, `hang:1@2` makes it stop answering (it sleeps), and
-//! `diverge:1@2` makes it perturb one parameter (which the cross-rank checksum must catch).
+//! (SIGKILL) when it reaches step 2, `hang:1@2` makes it stop answering (it sleeps), `slow:1@2`
+//! makes it late but healthy (it sleeps [`SLOW_S`] seconds, then goes on), and `diverge:1@2`
+//! makes it perturb one parameter (which the cross-rank checksum must catch).
 
 use crate::error::{DistError, Result};
 
 /// The variable read by [`RankFault::from_env`].
 pub const RANK_FAULT_VAR: &str = "MTRL_RANK_FAULT";
+/// How late a `slow` rank is, in seconds.
+pub const SLOW_S: u64 = 8;
 
 /// What the faulty rank does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultAction {
     Kill,
     Hang,
+    Slow,
     Diverge,
 }
 
@@ -33,7 +37,7 @@ impl RankFault {
         }
     }
 
-    /// `kill|hang|diverge:<rank>@<step>`.
+    /// `kill|hang|slow|diverge:<rank>@<step>`.
     pub fn parse(spec: &str) -> Result<RankFault> {
         let bad = |m: &str| DistError::Fault {
             var: RANK_FAULT_VAR,
@@ -43,12 +47,13 @@ impl RankFault {
         let (action, rest) = spec
             .trim()
             .split_once(':')
-            .ok_or_else(|| bad("expected `kill|hang|diverge:<rank>@<step>`"))?;
+            .ok_or_else(|| bad("expected `kill|hang|slow|diverge:<rank>@<step>`"))?;
         let action = match action {
             "kill" => FaultAction::Kill,
             "hang" => FaultAction::Hang,
+            "slow" => FaultAction::Slow,
             "diverge" => FaultAction::Diverge,
-            _ => return Err(bad("the action is one of kill, hang, diverge")),
+            _ => return Err(bad("the action is one of kill, hang, slow, diverge")),
         };
         let (rank, step) = rest
             .split_once('@')
@@ -63,7 +68,7 @@ impl RankFault {
         self.rank == rank && self.step == step
     }
 
-    /// Kills or hangs this process (a `Diverge` is the caller's to apply).
+    /// Kills, hangs or delays this process (a `Diverge` is the caller's to apply).
     pub fn act(&self) {
         match self.action {
             FaultAction::Kill => {
@@ -80,6 +85,10 @@ impl RankFault {
                     std::thread::sleep(std::time::Duration::from_secs(3600));
                 }
             }
+            FaultAction::Slow => {
+                eprintln!("{RANK_FAULT_VAR}: rank {} is {SLOW_S} s late", self.rank);
+                std::thread::sleep(std::time::Duration::from_secs(SLOW_S));
+            }
             FaultAction::Diverge => {}
         }
     }
@@ -94,6 +103,10 @@ mod tests {
         let f = RankFault::parse("hang:1@3").unwrap();
         assert_eq!((f.action, f.rank, f.step), (FaultAction::Hang, 1, 3));
         assert!(f.hits(1, 3) && !f.hits(0, 3) && !f.hits(1, 2));
+        assert_eq!(
+            RankFault::parse("slow:0@1").unwrap().action,
+            FaultAction::Slow
+        );
         for bad in ["boom:1@2", "kill:1", "kill:x@2", "kill"] {
             let e = RankFault::parse(bad).unwrap_err().to_string();
             assert!(e.contains(RANK_FAULT_VAR) && e.contains(bad), "{e}");

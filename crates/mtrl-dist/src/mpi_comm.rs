@@ -207,12 +207,23 @@ impl Collective for MpiCollective {
     /// named (by rank 0; the others name rank 0 when it does not answer) and the job is
     /// stopped with `MPI_Abort`.
     fn arrive(&self, what: &str, flag: bool) -> mtrl_learner::Result<bool> {
+        self.arrive_within(what, flag, Some(self.timeout))
+    }
+
+    fn arrive_within(
+        &self,
+        what: &str,
+        flag: bool,
+        wait: Option<Duration>,
+    ) -> mtrl_learner::Result<bool> {
         let seq = self.arrivals.fetch_add(1, Ordering::Relaxed);
         if self.world == 1 {
             return Ok(flag);
         }
-        let deadline = Instant::now() + self.timeout;
-        let secs = self.timeout.as_secs_f64();
+        // No bound: ten years stand for "as long as it takes".
+        let wait = wait.unwrap_or(Duration::from_secs(315_360_000));
+        let deadline = Instant::now() + wait;
+        let secs = wait.as_secs_f64();
         let c = self.comm();
         if self.rank == 0 {
             let mut any = flag;
@@ -241,8 +252,9 @@ impl Collective for MpiCollective {
             drop(c);
             if !missing.is_empty() {
                 self.stop(format!(
-                    "rank(s) {} did not reach {what} within {secs:.0} s ([distributed] \
-                     timeout_s): dead or hung",
+                    "rank(s) {} did not reach {what} within {secs:.0} s: dead or hung \
+                     ([distributed] timeout_s bounds collectives, step_timeout_s the step \
+                     arrivals)",
                     missing.join(", ")
                 ));
             }
@@ -304,8 +316,8 @@ impl Collective for MpiCollective {
                 Ok(any)
             }
             Err(()) => self.stop(format!(
-                "rank 0 did not answer at {what} within {secs:.0} s ([distributed] timeout_s): \
-                 dead or hung"
+                "rank 0 did not answer at {what} within {secs:.0} s: dead or hung ([distributed] \
+                 timeout_s bounds collectives, step_timeout_s the step arrivals)"
             )),
         }
     }

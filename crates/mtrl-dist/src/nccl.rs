@@ -90,6 +90,14 @@ impl Collective for NcclCollective {
     fn arrive(&self, what: &str, flag: bool) -> mtrl_learner::Result<bool> {
         self.host.arrive(what, flag)
     }
+    fn arrive_within(
+        &self,
+        what: &str,
+        flag: bool,
+        wait: Option<std::time::Duration>,
+    ) -> mtrl_learner::Result<bool> {
+        self.host.arrive_within(what, flag, wait)
+    }
     fn abort(&self, code: i32) -> ! {
         self.host.abort(code)
     }

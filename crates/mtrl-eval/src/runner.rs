@@ -150,6 +150,7 @@ pub fn run_policy(
             stop_token_ids: run.codec.stop_token_ids(),
             stats: Arc::new(EnvStats::default()),
             faults: Arc::new(mtrl_rollout::faults::Faults::none()),
+            sampled_logprobs: true,
         })
     };
     let (greedy_cx, sampled_cx) = (

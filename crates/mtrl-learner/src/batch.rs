@@ -27,6 +27,9 @@ pub struct Row {
     pub advantages: Vec<f32>,
     /// `len − 1` proximal log-probs (decoupled PPO), empty until the learner computes them.
     pub prox: Vec<f32>,
+    /// Trained tokens of the whole trajectory this row is a segment of (its own when it is the
+    /// whole trajectory): sequence-level aggregation counts trajectories, not rows.
+    pub traj_tokens: f64,
 }
 
 impl Row {
@@ -34,6 +37,22 @@ impl Row {
     pub fn trained(&self) -> f64 {
         self.mask.iter().map(|&m| m as f64).sum()
     }
+
+    /// The share of its trajectory this row holds (1 for a whole trajectory).
+    pub fn share(&self) -> f64 {
+        let t = self.trained();
+        if self.traj_tokens > 0.0 && t != self.traj_tokens {
+            t / self.traj_tokens
+        } else {
+            1.0
+        }
+    }
+}
+
+/// Trajectories among `rows` (segments of one trajectory add up to 1): N_seqs of the
+/// sequence-level aggregations.
+pub fn sequences(rows: &[Row]) -> f64 {
+    rows.iter().map(Row::share).sum()
 }
 
 /// Rows of a batch, plus what was dropped.
@@ -83,9 +102,13 @@ pub fn build_rows(
                 out.dropped_stale += 1;
                 continue;
             }
-            let rows = segment_rows(t, &a);
+            let mut rows = segment_rows(t, &a);
             if rows.is_empty() {
                 out.empty += 1;
+            }
+            let total: f64 = rows.iter().map(Row::trained).sum();
+            for r in &mut rows {
+                r.traj_tokens = total;
             }
             out.rows.extend(rows);
         }
@@ -130,6 +153,7 @@ fn segment_rows(t: &Trajectory, a: &[f64]) -> Vec<Row> {
             behaviour,
             advantages,
             prox: Vec::new(),
+            traj_tokens: 0.0,
         });
     }
     rows
@@ -258,6 +282,12 @@ mod tests {
         assert_eq!(r.rows[1].tokens, vec![4, 5]);
         assert_eq!(r.rows[1].mask, vec![1.0]);
         assert_eq!(r.rows[1].advantages, vec![0.75]);
+        // Issue 43, item 13: the two rows are one trajectory for sequence-level aggregation.
+        assert_eq!(
+            (r.rows[0].share(), r.rows[1].share()),
+            (2.0 / 3.0, 1.0 / 3.0)
+        );
+        assert_eq!(sequences(&r.rows), 1.0);
     }
 
     #[test]
@@ -268,6 +298,7 @@ mod tests {
             behaviour: vec![0.0; n - 1],
             advantages: vec![0.0; n - 1],
             prox: Vec::new(),
+            traj_tokens: 0.0,
         };
         let rows = vec![row(4), row(4), row(8), row(2), row(20)];
         let mb = micro_batches(&rows, 16);

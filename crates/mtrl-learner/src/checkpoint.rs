@@ -11,10 +11,15 @@
 //! A checkpoint is written into `.tmp-step-N/`, every file fsynced, then renamed into place and
 //! the parent folder fsynced: a crash leaves either no `step-N/` or a complete one. On resume,
 //! folders are tried newest first; one whose checksums fail (truncated, edited, half-copied) is
-//! reported and skipped, so the previous one is used.
+//! reported and skipped, so the previous one is used, and a run sets it aside as
+//! `rejected-step-N` ([`CheckpointManager::set_aside`]).
+//!
+//! Invariant: rotation deletes only folders that verified and are older than the one just
+//! written; it never deletes the folder just written.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use candle_core::DType;
 use mtrl_model::{Policy, PolicySnapshot};
@@ -30,6 +35,8 @@ const CHECKSUMS: &str = "CHECKSUMS.json";
 const TMP_PREFIX: &str = ".tmp-step-";
 /// A checkpoint of the same step being replaced (removed once the new one is in place).
 const OLD_PREFIX: &str = ".old-step-";
+/// A checkpoint that failed verification, set aside at the start of a run.
+const REJECTED_PREFIX: &str = "rejected-";
 
 /// Everything besides weights and optimizer needed to continue a run exactly.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -85,6 +92,10 @@ pub struct Rejected {
 pub struct CheckpointManager {
     dir: PathBuf,
     keep_last: usize,
+    /// Folders known to verify: written by this manager (or a clone of it) or checked by
+    /// [`CheckpointManager::latest_valid`] / rotation. Rotation deletes only these, so a folder
+    /// is hashed at most once per process.
+    verified: Arc<Mutex<BTreeSet<PathBuf>>>,
 }
 
 fn sha256(path: &Path) -> Result<String> {
@@ -125,7 +136,26 @@ impl CheckpointManager {
         CheckpointManager {
             dir: dir.into(),
             keep_last: keep_last.max(1),
+            verified: Arc::default(),
         }
+    }
+
+    fn mark_verified(&self, path: &Path) {
+        if let Ok(mut v) = self.verified.lock() {
+            v.insert(path.to_path_buf());
+        }
+    }
+
+    /// Whether `path` verifies (remembered once it did).
+    fn is_verified(&self, path: &Path) -> bool {
+        if self.verified.lock().is_ok_and(|v| v.contains(path)) {
+            return true;
+        }
+        let ok = Self::verify(path).is_ok();
+        if ok {
+            self.mark_verified(path);
+        }
+        ok
     }
 
     pub fn dir(&self) -> &Path {
@@ -156,7 +186,11 @@ impl CheckpointManager {
         Ok(out)
     }
 
-    /// Writes a checkpoint atomically and deletes all but the newest `keep_last`.
+    /// Writes a checkpoint atomically, then rotates. The folder just written and the best step
+    /// are always kept; so are the newest `keep_last - 1` older folders that verify, and what
+    /// lies between them; everything older than those is deleted. Folders of later steps (not
+    /// this run's: a copy, a damaged leftover) are never counted and never deleted, and a folder
+    /// that fails verification never fills a slot, so neither can push valid ones out.
     pub fn save(
         &self,
         policy: &Policy,
@@ -216,14 +250,24 @@ impl CheckpointManager {
         if had_old {
             std::fs::remove_dir_all(&old).map_err(LearnerError::io("remove", &old))?;
         }
+        self.mark_verified(&dest);
         let best = state.best.as_ref().map(|b| b.step);
-        for (_, old) in self
-            .list()?
-            .into_iter()
-            .filter(|(n, _)| Some(*n) != best)
-            .skip(self.keep_last)
-        {
+        let mut kept = 1;
+        for (n, old) in self.list()? {
+            if n >= state.step || Some(n) == best {
+                continue;
+            }
+            if kept < self.keep_last {
+                // Only a folder that verifies fills a slot; one that does not is left as it is.
+                if self.is_verified(&old) {
+                    kept += 1;
+                }
+                continue;
+            }
             std::fs::remove_dir_all(&old).map_err(LearnerError::io("remove", &old))?;
+            if let Ok(mut v) = self.verified.lock() {
+                v.remove(&old);
+            }
         }
         Ok(dest)
     }
@@ -289,12 +333,39 @@ impl CheckpointManager {
         Ok(())
     }
 
+    /// Moves folders that failed verification out of the listing, to `rejected-step-N` (with a
+    /// `-k` suffix when that name is taken), so rotation and later resumes never see them.
+    /// Nothing is deleted: a person may want to look at them. Returns the new paths.
+    pub fn set_aside(&self, rejected: &[Rejected]) -> Result<Vec<PathBuf>> {
+        let mut out = Vec::new();
+        for r in rejected {
+            let Some(name) = r.path.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+                continue;
+            };
+            let mut dest = self.dir.join(format!("{REJECTED_PREFIX}{name}"));
+            let mut k = 1;
+            while dest.exists() {
+                dest = self.dir.join(format!("{REJECTED_PREFIX}{name}-{k}"));
+                k += 1;
+            }
+            std::fs::rename(&r.path, &dest).map_err(LearnerError::io("rename", &r.path))?;
+            out.push(dest);
+        }
+        if !out.is_empty() {
+            fsync(&self.dir)?;
+        }
+        Ok(out)
+    }
+
     /// The newest checkpoint that verifies, plus the newer ones that did not.
     pub fn latest_valid(&self) -> Result<(Option<PathBuf>, Vec<Rejected>)> {
         let mut rejected = Vec::new();
         for (_, path) in self.list()? {
             match Self::verify(&path) {
-                Ok(()) => return Ok((Some(path), rejected)),
+                Ok(()) => {
+                    self.mark_verified(&path);
+                    return Ok((Some(path), rejected));
+                }
                 Err(reason) => rejected.push(Rejected { path, reason }),
             }
         }

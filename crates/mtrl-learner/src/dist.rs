@@ -44,6 +44,18 @@ pub trait Collective: Send + Sync {
     fn arrive(&self, _what: &str, flag: bool) -> Result<bool> {
         Ok(flag)
     }
+    /// [`Collective::arrive`] with its own bound instead of the collective timeout (`None`: no
+    /// bound; a rank that dies still ends the job through the launcher). The step arrivals use
+    /// it: a rank may be late there for as long as its rollouts and rank 0's validation may
+    /// healthily take.
+    fn arrive_within(
+        &self,
+        what: &str,
+        flag: bool,
+        _wait: Option<std::time::Duration>,
+    ) -> Result<bool> {
+        self.arrive(what, flag)
+    }
     /// Ends every rank of the job after a failure on this one (one process just exits).
     fn abort(&self, code: i32) -> ! {
         std::process::exit(code)

@@ -65,6 +65,7 @@ fn rows(examples: &[SftExample]) -> Result<Vec<Row>> {
                 behaviour: vec![0.0; n],
                 advantages: vec![0.0; n],
                 prox: Vec::new(),
+                traj_tokens: 0.0,
             })
         })
         .collect()

@@ -60,7 +60,8 @@ pub struct StepConfig {
     pub ratio: RatioBase,
     /// Optimizer updates per batch (contiguous slices of the rows).
     pub mini_batches: usize,
-    /// Cap C of the sampler correction under [`RatioBase::Proximal`]; `None` = no correction.
+    /// Cap C of the IS weights: the sampler correction under [`RatioBase::Proximal`] (always
+    /// applied) and the truncation of the IS loss; `None` = no cap (`algorithm.tis_cap = 0`).
     pub tis_cap: Option<f64>,
     pub kl_coef: f64,
     pub max_staleness: u64,
@@ -146,8 +147,8 @@ pub struct StepMetrics {
     /// Fraction of trained tokens whose objective was clipped (PPO) or capped (CISPO, IS), over
     /// every update of the step.
     pub clip_fraction: f64,
-    /// Mean sampler-correction weight over trained tokens (`ratio = "proximal"` with a cap;
-    /// 0 without the correction).
+    /// Mean sampler-correction weight over trained tokens (`ratio = "proximal"`; 0 with
+    /// `ratio = "sampler"`, which has no correction).
     pub behaviour_weight: f64,
     /// Mean over trained tokens of |π_θ/π_sampler − 1|, each taken at the forward that trains
     /// it: how far the samples are from the policy being updated (0 on-policy with an exact
@@ -175,6 +176,11 @@ pub struct StepMetrics {
     pub lag_counts: Vec<u64>,
     /// The update was skipped (no tokens, or a non-finite gradient).
     pub skipped: bool,
+    /// Optimizer updates skipped for a non-finite loss or gradient norm, and the first cause.
+    #[serde(default)]
+    pub skipped_updates: u64,
+    #[serde(default)]
+    pub skip_reason: Option<String>,
     pub learn_s: f64,
     /// What this rank sent to the data-parallel all-reduces (zeros for one process).
     #[serde(default)]
@@ -319,10 +325,12 @@ impl Learner {
         m.padded_tokens = total.padded_tokens;
         m.updates = total.updates;
         m.skipped = total.updates == 0;
+        m.skipped_updates = slices.len() as u64 - total.updates;
+        m.skip_reason = total.skip_reason;
         m.clip_fraction = total.clipped / tokens;
-        m.behaviour_weight = match (cfg.ratio, cfg.tis_cap) {
-            (RatioBase::Proximal, Some(_)) => total.weight_sum / tokens,
-            _ => 0.0,
+        m.behaviour_weight = match cfg.ratio {
+            RatioBase::Proximal => total.weight_sum / tokens,
+            RatioBase::Sampler => 0.0,
         };
         m.sampler_gap = total.gap_sum / tokens;
         m.kl = total.kl_sum / tokens;

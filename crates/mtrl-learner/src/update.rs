@@ -33,6 +33,8 @@ pub(crate) struct Totals {
     pub micro_batches: u64,
     pub padded_tokens: u64,
     pub updates: u64,
+    /// Why an update was skipped (the first non-finite loss or gradient norm), if one was.
+    pub skip_reason: Option<String>,
     pub comm: CommStats,
 }
 
@@ -48,6 +50,9 @@ impl Totals {
         self.micro_batches += o.micro_batches;
         self.padded_tokens += o.padded_tokens;
         self.updates += o.updates;
+        if self.skip_reason.is_none() {
+            self.skip_reason.clone_from(&o.skip_reason);
+        }
         self.comm.add(&o.comm);
     }
 
@@ -139,8 +144,14 @@ impl Learner {
         let mut out = Totals::default();
         let global = GlobalCounts {
             tokens: rows.iter().map(Row::trained).sum(),
-            sequences: rows.len() as f64,
+            // Trajectories, not rows: an agent's segments of one trajectory add up to one.
+            sequences: crate::batch::sequences(rows),
         };
+        // seq-mean-token-mean divides each row by its own trained tokens; a segment must be
+        // divided by its whole trajectory's, so its loss is scaled by its share first (exactly
+        // 1 for a row that is a whole trajectory: nothing changes there).
+        let segmented = matches!(cfg.aggregation, mtrl_algo::Aggregation::SeqMeanTokenMean)
+            && rows.iter().any(|r| r.share() != 1.0);
         let dev = self.policy.device().clone();
         let mut grads: BTreeMap<String, Tensor> = BTreeMap::new();
         let acc = cfg.accumulation;
@@ -153,6 +164,16 @@ impl Learner {
             if !owns(comm.as_ref(), i) {
                 continue;
             }
+            let shares: Option<Tensor> = segmented
+                .then(|| {
+                    let v: Vec<f32> = rows[range.clone()]
+                        .iter()
+                        .map(|r| r.share() as f32)
+                        .collect();
+                    let n = v.len();
+                    Tensor::from_vec(v, (n, 1), &dev)
+                })
+                .transpose()?;
             let mb = pad(&rows[range], &dev)?;
             let stream = (self.version() << 24) ^ (slice << 12) ^ i as u64;
             self.policy.set_dropout_seed(mtrl_core::rng::mix(stream));
@@ -174,7 +195,10 @@ impl Learner {
             };
             let (old, correction) = match cfg.ratio {
                 RatioBase::Sampler => (&mb.behaviour, None),
-                RatioBase::Proximal => (&mb.prox, cfg.tis_cap.map(|c| (&mb.behaviour, c))),
+                RatioBase::Proximal => (
+                    &mb.prox,
+                    Some((&mb.behaviour, cfg.tis_cap.unwrap_or(f64::INFINITY))),
+                ),
             };
             let mut diag = (0.0, 0.0, 0.0);
             let (loss, fwd, g) = logprobs_and_grads(
@@ -190,7 +214,12 @@ impl Learner {
                         advantages: &mb.adv,
                         mask: &mb.mask,
                     };
-                    let o = per_token_loss(cfg.loss, &x).map_err(algo)?;
+                    let mut o = per_token_loss(cfg.loss, &x).map_err(algo)?;
+                    if let Some(sh) = &shares {
+                        o.per_token = o
+                            .per_token
+                            .broadcast_mul(&sh.to_dtype(o.per_token.dtype())?)?;
+                    }
                     diag.0 = o.clipped_tokens;
                     diag.1 = o.behaviour_weight_sum;
                     let mut l =
@@ -202,6 +231,10 @@ impl Learner {
                             .sum_all()?
                             .to_dtype(DType::F64)?
                             .to_scalar::<f64>()?;
+                        let kl = match &shares {
+                            Some(sh) => kl.broadcast_mul(&sh.to_dtype(kl.dtype())?)?,
+                            None => kl,
+                        };
                         let k = aggregate(&kl, &mb.mask, cfg.aggregation, global).map_err(algo)?;
                         l = (l + (k * cfg.kl_coef)?)?;
                     }
@@ -232,6 +265,12 @@ impl Learner {
         if norm.is_finite() && out.loss.is_finite() {
             self.opt.step(self.policy.named_parameters(), &grads, lr)?;
             out.updates = 1;
+        } else {
+            out.skip_reason = Some(if out.loss.is_finite() {
+                format!("non-finite gradient norm ({norm})")
+            } else {
+                format!("non-finite loss ({})", out.loss)
+            });
         }
         Ok(out)
     }

@@ -202,3 +202,41 @@ fn decoupled_ppo_clips_against_the_proximal_policy_on_its_second_update() {
     });
     assert_ne!(w_sampler, w_tight);
 }
+
+/// Issue 43, item 5: `tis_cap = 0` means "no cap" for both its uses — the truncation of
+/// `loss = "is"` and the sampler correction of `ratio = "proximal"` — never "no correction".
+/// Tokens are shifted by e^{+0.5} = 1.65, e^{−0.5} and e^{0.05}: a cap of 1.2 binds, none does not.
+#[test]
+fn tis_cap_zero_means_no_cap_under_both_uses() {
+    let prox = |cap: f64| AlgorithmConfig {
+        ratio: "proximal".into(),
+        ppo_mini_batches: 2,
+        tis_cap: cap,
+        ..algo("ppo", 0.2)
+    };
+    let untruncated = ((0.5f64).exp() + (-0.5f64).exp() + (0.05f64).exp()) / 3.0;
+    let capped = (1.2 + (-0.5f64).exp() + (0.05f64).exp()) / 3.0;
+    let (none, w_none) = run(prox(0.0));
+    assert!(
+        (none.behaviour_weight - untruncated).abs() < 1e-5,
+        "tis_cap = 0 under ratio = proximal: weight {} (expected the untruncated {untruncated})",
+        none.behaviour_weight
+    );
+    let (cap, w_cap) = run(prox(1.2));
+    assert!(
+        (cap.behaviour_weight - capped).abs() < 1e-5,
+        "{}",
+        cap.behaviour_weight
+    );
+    assert_ne!(w_none, w_cap);
+    // loss = "is": no cap clips nothing; a cap of 1.2 caps the e^{0.5} tokens.
+    let is = |c: f64| AlgorithmConfig {
+        tis_cap: c,
+        ..algo("is", 0.2)
+    };
+    let (open, w_open) = run(is(0.0));
+    let (shut, w_shut) = run(is(1.2));
+    assert_eq!(open.clip_fraction, 0.0);
+    assert!(shut.clip_fraction > 0.0);
+    assert_ne!(w_open, w_shut);
+}

@@ -289,3 +289,99 @@ fn checkpoints_are_atomic_checksummed_and_rotated() {
         );
     }
 }
+
+/// Issue 43, defect 1: a damaged folder of a later step (a copy renamed, a half-synced disk) must
+/// not make rotation delete the valid checkpoints. With `keep_last = 1`, resuming from step 4
+/// past a damaged `step-10` and saving step 6 used to keep only the damaged folder (newest by
+/// name), deleting the one just written and the resume source; the next start began at step 0.
+#[test]
+fn rotation_never_deletes_valid_checkpoints_for_a_damaged_newer_one() {
+    use mtrl_learner::{CheckpointManager, TrainerState};
+    let (p, opt, ..) = step("qwen3");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mgr = CheckpointManager::new(d, 1);
+    let state = |s: u64| TrainerState {
+        step: s,
+        policy_version: s,
+        ..Default::default()
+    };
+    for s in [2u64, 4] {
+        mgr.save(&p, DType::F32, &opt, &state(s)).unwrap();
+    }
+    // A copy of the newest, renamed to a later step and damaged.
+    let src = d.join("step-00000004");
+    let bad = d.join("step-00000010");
+    std::fs::create_dir_all(bad.join("policy")).unwrap();
+    for rel in [
+        "CHECKSUMS.json",
+        "trainer.json",
+        "optimizer.json",
+        "optimizer.safetensors",
+        "policy/config.json",
+        "policy/model.safetensors",
+    ] {
+        std::fs::copy(src.join(rel), bad.join(rel)).unwrap();
+    }
+    let w = bad.join("policy/model.safetensors");
+    let bytes = std::fs::read(&w).unwrap();
+    std::fs::write(&w, &bytes[..bytes.len() / 3]).unwrap();
+
+    // A fresh process resumes: step 10 is rejected, step 4 is used.
+    let mgr = CheckpointManager::new(d, 1);
+    let (latest, rejected) = mgr.latest_valid().unwrap();
+    assert!(latest.unwrap().ends_with("step-00000004"));
+    assert_eq!(rejected.len(), 1);
+    // The save of step 6 keeps step 6 whatever else is in the folder.
+    mgr.save(&p, DType::F32, &opt, &state(6)).unwrap();
+    let (latest, _) = mgr.latest_valid().unwrap();
+    assert!(
+        latest
+            .as_ref()
+            .is_some_and(|l| l.ends_with("step-00000006")),
+        "after the save of step 6 the newest valid checkpoint is {latest:?}"
+    );
+    // The damaged folder is neither counted nor deleted: it is left for a person to look at.
+    assert!(bad.exists());
+}
+
+/// The start of a run sets rejected folders aside (see the test above for why).
+#[test]
+fn rejected_checkpoints_are_set_aside_and_rotation_goes_on() {
+    use mtrl_learner::{CheckpointManager, TrainerState};
+    let (p, opt, ..) = step("qwen3");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mgr = CheckpointManager::new(d, 1);
+    let state = |s: u64| TrainerState {
+        step: s,
+        policy_version: s,
+        ..Default::default()
+    };
+    mgr.save(&p, DType::F32, &opt, &state(6)).unwrap();
+    let bad = d.join("step-00000010");
+    std::fs::create_dir_all(bad.join("policy")).unwrap();
+    std::fs::write(bad.join("trainer.json"), "{").unwrap();
+    // Set aside at the start of a run: rejected folders leave the rotation's listing under a
+    // `rejected-` name, and a second one of the same step gets its own name.
+    let (_, rejected) = CheckpointManager::new(d, 1).latest_valid().unwrap();
+    let moved = mgr.set_aside(&rejected).unwrap();
+    assert_eq!(moved.len(), 1);
+    assert!(moved[0]
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .starts_with("rejected-step-00000010"));
+    assert!(!bad.exists());
+    let steps: Vec<u64> = mgr.list().unwrap().into_iter().map(|x| x.0).collect();
+    assert_eq!(steps, vec![6]);
+    std::fs::create_dir_all(&bad).unwrap();
+    let (_, rejected) = mgr.latest_valid().unwrap();
+    let again = mgr.set_aside(&rejected).unwrap();
+    assert_eq!(again.len(), 1);
+    assert_ne!(again[0], moved[0]);
+    // A later save still rotates normally among verified folders.
+    mgr.save(&p, DType::F32, &opt, &state(8)).unwrap();
+    let steps: Vec<u64> = mgr.list().unwrap().into_iter().map(|x| x.0).collect();
+    assert_eq!(steps, vec![8]);
+}

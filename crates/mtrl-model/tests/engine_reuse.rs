@@ -330,3 +330,58 @@ fn a_sequence_is_bit_identical_whatever_joins_its_step() {
         assert_eq!(a.logprobs, b.logprobs, "bits differ with batch-mates");
     }
 }
+
+/// Issue 43, defect 3: a sequence in flight during a weight update parks keys/values that the
+/// old weights computed; its session's next turn must prefill under the new weights, never reuse
+/// them (a turn's prompt is always prefilled by the weights that sample it). A session parked
+/// after the update reuses as before.
+#[test]
+fn keys_values_never_cross_a_weight_update() {
+    let mut e = engine(EngineOptions::new(8));
+    let weights: std::collections::HashMap<String, Tensor> = policy("qwen3", &Device::Cpu)
+        .named_parameters()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
+        .collect();
+    let prompt: Vec<u32> = (0..30).map(|i| (i * 13 % 480 + 10) as u32).collect();
+    e.submit(req(prompt.clone(), 8, SamplingParams::greedy(), Some(7)))
+        .unwrap();
+    // Prefill and a first token under version 0, then the update while the sequence decodes.
+    let mut done = Vec::new();
+    let mut sampled = 0;
+    while sampled < 2 {
+        let out = e.step().unwrap();
+        sampled += out.tokens.len();
+        done.extend(out.finished);
+    }
+    e.update_weights(1, &weights).unwrap();
+    while e.num_unfinished() > 0 {
+        done.extend(e.step().unwrap().finished);
+    }
+    let first = done.pop().unwrap();
+    assert_eq!(first.versions.first(), Some(&0));
+    assert_eq!(first.versions.last(), Some(&1), "{:?}", first.versions);
+    let before = e.counters().reused_tokens;
+    let mut next = prompt.clone();
+    next.extend(&first.tokens);
+    next.extend([41, 42, 43]);
+    let second = e
+        .generate(vec![req(
+            next.clone(),
+            4,
+            SamplingParams::greedy(),
+            Some(7),
+        )])
+        .unwrap();
+    assert_eq!(
+        e.counters().reused_tokens,
+        before,
+        "positions computed by version 0 were reused under version 1"
+    );
+    // That turn ran wholly under version 1: its session is reused by the next turn.
+    next.extend(&second[0].tokens);
+    next.extend([44, 45]);
+    e.generate(vec![req(next, 4, SamplingParams::greedy(), Some(7))])
+        .unwrap();
+    assert!(e.counters().reused_tokens > before);
+}

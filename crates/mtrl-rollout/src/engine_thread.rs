@@ -67,6 +67,9 @@ pub struct EngineStats {
     pub reused_tokens: AtomicU64,
     /// The version the engine serves.
     pub version: AtomicU64,
+    /// The most weight updates received but not yet applied at once (held back by the pins
+    /// plus queued in the channel): full weight copies besides the served ones.
+    pub copies_held_max: AtomicU64,
 }
 
 /// Cloneable handle that sends generation requests to the engine thread.
@@ -129,6 +132,7 @@ impl EngineThread {
             pins,
             served: served_tx,
             held: std::collections::VecDeque::new(),
+            stats: stats.clone(),
         };
         let handle = std::thread::Builder::new()
             .name("mtrl-engine".into())
@@ -183,18 +187,35 @@ struct Updates {
     rx: Receiver<WeightUpdate>,
     pins: Option<Arc<Pins>>,
     served: watch::Sender<u64>,
-    /// Received, not yet allowed (pinned only). At most η + 1 of them: the learner publishes
-    /// u + 1 only after training on batch u, whose groups need the engine at version u − η.
+    /// Received, not yet allowed (pinned only); at most [`HELD_MAX`]. Further updates stay in
+    /// the bounded channel, so a learner ahead of the pins waits in `Rollout::publish` instead
+    /// of parking η + 1 full weight copies on the device (≈ 48 GB for an 8B bf16 model at η = 2).
     held: std::collections::VecDeque<WeightUpdate>,
+    stats: Arc<EngineStats>,
 }
 
+/// Updates held back by the pins, taken off the channel (each a full weight copy). With the
+/// channel's [`WEIGHTS_QUEUE`], the engine side never holds more than `HELD_MAX + WEIGHTS_QUEUE`
+/// copies besides the weights it serves.
+pub const HELD_MAX: usize = 1;
+
 impl Updates {
+    fn room(&self) -> bool {
+        self.pins.is_none() || self.held.len() < HELD_MAX
+    }
+
     /// The update to apply now, if any: the newest one received (unpinned), or the newest of the
     /// leading held ones that the pins allow, in order.
     fn next(&mut self) -> Option<WeightUpdate> {
-        while let Ok(w) = self.rx.try_recv() {
+        while self.pins.is_none() || self.held.len() < HELD_MAX {
+            let Ok(w) = self.rx.try_recv() else { break };
             self.held.push_back(w);
         }
+        let copies = (self.held.len() + self.rx.len()) as u64;
+        self.stats
+            .copies_held_max
+            .fetch_max(copies, Ordering::Relaxed);
+        metrics::gauge!("mtrl_rollout_weight_copies_held").set(copies as f64);
         let mut take = None;
         while let Some(w) = self.held.front() {
             if self.pins.as_ref().is_some_and(|p| !p.may_apply(w.version)) {
@@ -259,6 +280,7 @@ fn engine_loop(
         stats.publish_ns.fetch_add(ns, Ordering::Relaxed);
         Ok(())
     };
+    let never = crossbeam_channel::never::<WeightUpdate>();
     let result = loop {
         if stop.load(Ordering::SeqCst) {
             break Ok(());
@@ -269,7 +291,8 @@ fn engine_loop(
                     Ok(j) => take(&mut engine, j, &mut pending),
                     Err(_) => break Ok(()),
                 },
-                recv(updates.rx) -> w => if let Ok(w) = w {
+                // Wake for an update only while there is room to hold it (pinned).
+                recv(if updates.room() { &updates.rx } else { &never }) -> w => if let Ok(w) = w {
                     updates.held.push_back(w);
                 },
                 // Also how often a held update is looked at again while the engine is idle.
@@ -341,4 +364,48 @@ fn engine_loop(
 /// (`MTRL_TRACE=all`: every one).
 fn traced(n: u64) -> bool {
     mtrl_core::trace::enabled() && (n <= 8 || n.is_multiple_of(256) || mtrl_core::trace::all())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 43, item 10: pinned updates the pins do not allow yet are not drained into an
+    /// unbounded queue: at most `HELD_MAX` are taken off the channel, so the channel fills and the
+    /// learner's publish waits; the copies held are reported.
+    #[test]
+    fn held_updates_are_bounded() {
+        let (tx, rx) = crossbeam_channel::bounded(WEIGHTS_QUEUE);
+        let admitted = Arc::new(AtomicU64::new(0));
+        let pins = Arc::new(Pins::new(1, 0, 0, None, admitted));
+        let stats = Arc::new(EngineStats::default());
+        let (served, _) = watch::channel(0);
+        let mut u = Updates {
+            rx,
+            pins: Some(pins),
+            served,
+            held: std::collections::VecDeque::new(),
+            stats: stats.clone(),
+        };
+        let w = |version| WeightUpdate {
+            version,
+            tensors: HashMap::new(),
+        };
+        let mut sent = 0;
+        for v in 1..=10 {
+            if tx.try_send(w(v)).is_err() {
+                break;
+            }
+            sent += 1;
+            assert!(u.next().is_none(), "no group of version {v} may start yet");
+        }
+        assert_eq!(u.held.len(), HELD_MAX);
+        assert_eq!(
+            sent,
+            HELD_MAX + WEIGHTS_QUEUE,
+            "the learner waits after this many"
+        );
+        let held = stats.copies_held_max.load(Ordering::Relaxed) as usize;
+        assert!((1..=HELD_MAX + WEIGHTS_QUEUE).contains(&held), "{held}");
+    }
 }

@@ -66,6 +66,9 @@ pub struct EpisodeContext {
     pub stats: Arc<EnvStats>,
     /// Faults to inject (tests of fault tolerance); [`Faults::none`] otherwise.
     pub faults: Arc<Faults>,
+    /// Record each token's log-prob under the distribution it was drawn from (true) or under the
+    /// full vocabulary (`rollout.behaviour_logprobs`).
+    pub sampled_logprobs: bool,
 }
 
 async fn blocking<T: Send + 'static>(
@@ -196,8 +199,8 @@ async fn turns(
         let c = cx.gen.generate(req).await?;
         context.extend_from_slice(&c.tokens);
         let action = Action::Tokens {
+            logprobs: c.behaviour_logprobs(cx.sampled_logprobs).to_vec(),
             ids: c.tokens,
-            logprobs: c.logprobs,
             versions: c.versions,
         };
         if cx.faults.strikes(FaultKind::SlowTool, id, turn) {

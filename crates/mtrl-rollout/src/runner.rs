@@ -112,6 +112,8 @@ pub struct RolloutSettings {
     pub shard: Shard,
     /// How episodes take up new weights ([`crate::pin`]).
     pub weight_sync: WeightSync,
+    /// Behaviour log-probs under the distribution sampled from (`rollout.behaviour_logprobs`).
+    pub sampled_logprobs: bool,
 }
 
 /// Fault bookkeeping, monotonic.
@@ -227,6 +229,7 @@ impl Rollout {
             stop_token_ids: settings.stop_token_ids.clone(),
             stats: r.env_stats.clone(),
             faults: settings.faults.clone(),
+            sampled_logprobs: settings.sampled_logprobs,
         });
         let sched = Scheduler {
             settings,

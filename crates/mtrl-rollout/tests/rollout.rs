@@ -62,6 +62,17 @@ fn start_synced(
     timeout: Option<Duration>,
     weight_sync: WeightSync,
 ) -> (tokio::runtime::Runtime, Rollout, InOrder) {
+    start_tweaked(staleness, envs, faults, timeout, weight_sync, &|_| {})
+}
+
+fn start_tweaked(
+    staleness: u64,
+    envs: Option<EnvFactory>,
+    faults: &str,
+    timeout: Option<Duration>,
+    weight_sync: WeightSync,
+    tweak: &dyn Fn(&mut RolloutSettings),
+) -> (tokio::runtime::Runtime, Rollout, InOrder) {
     let policy = Policy::load(&fixture(), DType::F32, &Device::Cpu).unwrap();
     let tok = Arc::new(Tokenizer::from_dir(&fixture()).unwrap());
     let codec: Arc<dyn ChatCodec> = Arc::new(TemplateCodec::qwen(tok).unwrap());
@@ -92,7 +103,10 @@ fn start_synced(
         faults: Arc::new(Faults::parse(faults, 7).unwrap()),
         shard: Default::default(),
         weight_sync,
+        sampled_logprobs: true,
     };
+    let mut settings = settings;
+    tweak(&mut settings);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -272,4 +286,43 @@ fn episodes_past_the_timeout_fail_the_run_naming_the_cause() {
         "{msg}"
     );
     assert!(rt.block_on(r.shutdown()).is_err());
+}
+
+/// Issue 43, item 9: with top-p < 1 a token's behaviour log-prob is, by default, its log-prob
+/// under the truncated distribution it was drawn from (≥ the full-vocabulary one, greater where
+/// the nucleus cut anything); `rollout.behaviour_logprobs = "full"` records the full one. The
+/// sampled tokens are the same either way.
+#[test]
+fn behaviour_logprobs_follow_the_distribution_sampled_from() {
+    let run = |sampled: bool| {
+        let (rt, r, mut batches) = start_tweaked(0, None, "", None, WeightSync::Latest, &|s| {
+            s.sampling.top_p = 0.3;
+            s.sampled_logprobs = sampled;
+        });
+        let b = batches
+            .next_batch(2, Duration::from_secs(60))
+            .unwrap()
+            .unwrap();
+        rt.block_on(r.shutdown()).unwrap();
+        b.into_iter()
+            .flatten()
+            .map(|t| {
+                let i = t.loss_mask.iter().position(|m| *m == 1).unwrap();
+                (t.tokens[i], t.logprobs[i])
+            })
+            .collect::<Vec<_>>()
+    };
+    let (trunc, full) = (run(true), run(false));
+    assert_eq!(trunc.len(), full.len());
+    let mut higher = 0;
+    for ((ta, la), (tb, lb)) in trunc.iter().zip(&full) {
+        assert_eq!(ta, tb, "same seeds, same tokens");
+        assert!(la >= lb, "truncated {la} < full {lb}");
+        assert!(*la <= 0.0);
+        higher += usize::from(la > lb);
+    }
+    assert!(
+        higher > 0,
+        "top_p = 0.3 truncated nothing: {trunc:?} vs {full:?}"
+    );
 }

@@ -123,6 +123,7 @@ pub fn bench_agent(cfg: &Config, b: &AgentBench<'_>) -> Result<Value> {
         stop_token_ids: codec.stop_token_ids(),
         stats: Arc::new(EnvStats::default()),
         faults: Arc::new(Faults::none()),
+        sampled_logprobs: true,
     });
     // Warm-up (index pages, the agent's imports and connections), then the measured passes.
     let few = &tasks[..tasks.len().min(4)];

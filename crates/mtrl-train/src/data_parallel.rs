@@ -14,9 +14,9 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use mtrl_core::Trajectory;
+use mtrl_core::{Config, Trajectory};
 use mtrl_learner::Collective;
 use mtrl_model::Policy;
 use mtrl_rollout::{RolloutCounters, Shard};
@@ -63,6 +63,11 @@ impl Ranks {
     /// Every rank at `what`; true when any raised `flag` (see [`Collective::arrive`]).
     pub fn arrive(&self, what: &str, flag: bool) -> Result<bool> {
         self.comm.arrive(what, flag).map_err(coll)
+    }
+
+    /// [`Ranks::arrive`] bounded by `wait` instead of the collective timeout (`None`: no bound).
+    pub fn arrive_within(&self, what: &str, flag: bool, wait: Option<Duration>) -> Result<bool> {
+        self.comm.arrive_within(what, flag, wait).map_err(coll)
     }
 
     /// The whole batch from every rank's groups (`mine` are the groups of this rank's share of
@@ -331,6 +336,36 @@ pub fn merge(all: &[RolloutCounters]) -> RolloutCounters {
 
 /// Appends one line per rank with what its rollouts did during `step` (rank 0 writes), and
 /// exports the same as Prometheus counters labelled with the rank.
+/// Drops the lines of `rollout-ranks.jsonl` after `step` (a resumed run writes them again);
+/// a missing file is fine. Written atomically (temp file, fsync, rename).
+pub fn cut_ranks_log(path: &Path, step: u64) -> Result<()> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok(());
+    };
+    let keep: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .and_then(|v| v["step"].as_u64())
+                .is_some_and(|s| s <= step)
+        })
+        .collect();
+    if keep.len() == text.lines().count() {
+        return Ok(());
+    }
+    let tmp = path.with_extension("jsonl.tmp");
+    {
+        let mut f = std::fs::File::create(&tmp).with_context(|| tmp.display())?;
+        for l in keep {
+            writeln!(f, "{l}")?;
+        }
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path).with_context(|| path.display())?;
+    Ok(())
+}
+
 pub fn log_ranks(
     path: &Path,
     step: u64,
@@ -389,5 +424,77 @@ mod tests {
         assert_eq!((m.tokens, m.admitted, m.engine_version), (17, 9, 2));
         assert_eq!((m.generate_s, m.faults), (2.5, [1, 0, 2]));
         assert_eq!(merge(&[a]), a);
+    }
+}
+
+/// How long ranks wait for each other at a step's start: `distributed.step_timeout_s`, or derived
+/// from the rollout bounds so that a healthy rank is never declared dead. Between two step
+/// arrivals the last rank may spend its share of the step's episodes (in waves of
+/// `rollout_max_concurrency`, each episode up to `rollout.timeout_s` per attempt, `max_retries + 1`
+/// attempts) and, on rank 0, a validation pass (`val_tasks × (1 + val_samples)` episodes, bounded
+/// the same way) and a checkpoint; `distributed.timeout_s` is added for the rest (learner step,
+/// checkpoint write). `None` (no bound) when an episode has none (`rollout.timeout_s = 0`).
+pub fn step_wait(cfg: &Config, world: usize, validation_tasks: usize) -> Option<Duration> {
+    if let Some(t) = cfg.distributed.step_timeout_s {
+        return Some(Duration::from_secs_f64(t));
+    }
+    let r = &cfg.rollout;
+    let episode = r.timeout_s? * (r.max_retries as f64 + 1.0);
+    let waves = |episodes: usize| episodes.div_ceil(r.rollout_max_concurrency.max(1)) as f64;
+    let groups = cfg.train.global_batch_size.div_ceil(world.max(1));
+    let mut bound = waves(groups * r.group_size);
+    if cfg.train.val_every > 0 {
+        let tasks = match cfg.train.val_tasks {
+            0 => validation_tasks,
+            n => n.min(validation_tasks),
+        };
+        bound += waves(tasks * (1 + cfg.train.val_samples));
+    }
+    let secs = cfg.distributed.timeout_s + episode * bound;
+    Some(Duration::from_secs_f64(secs.min(315_360_000.0)))
+}
+
+#[cfg(test)]
+mod wait_tests {
+    use super::*;
+
+    /// Issue 43, item 15: a resumed run's per-rank log keeps only the steps up to the resume.
+    #[test]
+    fn the_ranks_log_is_cut_back_on_resume() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("rollout-ranks.jsonl");
+        let lines: String = (1..=5)
+            .flat_map(|s| (0..2).map(move |r| format!("{{\"step\":{s},\"rank\":{r}}}\n")))
+            .collect();
+        std::fs::write(&p, lines).unwrap();
+        cut_ranks_log(&p, 3).unwrap();
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert_eq!(text.lines().count(), 6, "{text}");
+        assert!(text.lines().all(|l| !l.contains("\"step\":4")));
+        cut_ranks_log(&d.path().join("missing.jsonl"), 3).unwrap();
+    }
+
+    fn cfg(extra: &str) -> Config {
+        let text = format!(
+            "[rollout]\ngroup_size = 4\nrollout_max_concurrency = 8\ntimeout_s = 10\n\
+             max_retries = 2\n[train]\nglobal_batch_size = 6\n{extra}"
+        );
+        Config::from_toml_str(&text, Path::new("w.toml")).unwrap()
+    }
+
+    /// Issue 43, defect 4: the step arrival outlasts the slowest healthy rank. 2 ranks: 3
+    /// groups × 4 = 12 episodes, 2 waves of 8, each up to 10 s × 3 attempts, plus 300 s.
+    #[test]
+    fn the_step_arrival_bound_covers_the_rollout_bounds() {
+        let c = cfg("");
+        assert_eq!(step_wait(&c, 2, 50), Some(Duration::from_secs(300 + 60)));
+        // Validation on rank 0: 5 tasks × (1 + 3) = 20 episodes, 3 more waves.
+        let c = cfg("val_every = 1\nval_tasks = 5\nval_samples = 3");
+        assert_eq!(step_wait(&c, 2, 50), Some(Duration::from_secs(300 + 150)));
+        // The knob, and no bound without an episode bound.
+        let c = cfg("[distributed]\nstep_timeout_s = 7.5");
+        assert_eq!(step_wait(&c, 2, 50), Some(Duration::from_secs_f64(7.5)));
+        let c = Config::from_toml_str("[rollout]\ntimeout_s = 0", Path::new("w.toml")).unwrap();
+        assert_eq!(step_wait(&c, 2, 50), None);
     }
 }

@@ -243,6 +243,14 @@ pub fn run(cfg: &Config, o: &DemoOptions) -> Result<DemoOutcome> {
         ..TrainOptions::default()
     };
     let s = train(cfg, opts)?;
+    if s.interrupted {
+        crate::bail!(
+            "interrupted during the RL stage: checkpoint of step {} written under {}; the \
+             evaluation stage did not run",
+            s.steps_done,
+            cfg.checkpoint.dir.display()
+        );
+    }
     eprintln!(
         "         {} steps in {:.0} s → {}",
         s.steps_done,

@@ -40,6 +40,7 @@ pub mod selftest;
 pub mod serve;
 pub mod setup;
 pub mod sft;
+pub mod signals;
 mod step_record;
 pub mod telemetry;
 pub mod validate;

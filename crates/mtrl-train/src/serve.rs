@@ -76,7 +76,7 @@ pub fn serve_policy(opts: ServeOptions) -> Result<()> {
     let server = rt.block_on(Server::start(&opts.addr, gateway, opts.http))?;
     (opts.on_listen)(server.addr);
     let stop = server.stopper();
-    on_signal(&rt, move || stop.cancel());
+    let _signals = on_signal(move || stop.cancel());
     let served = rt.block_on(server.wait());
     let stopped = engine.shutdown();
     served?;
@@ -109,7 +109,7 @@ pub fn serve_tools(
         .map_err(|e| TrainError::msg(e.to_string()))?;
     on_listen(server.addr);
     let stop = server.stopper();
-    on_signal(&rt, move || stop.cancel());
+    let _signals = on_signal(move || stop.cancel());
     rt.block_on(server.wait())?;
     Ok(())
 }

@@ -95,6 +95,8 @@ pub fn step_record(
         sequences: m.sequences,
         micro_batches: m.micro_batches,
         skipped: m.skipped,
+        skipped_updates: m.skipped_updates,
+        skip_reason: m.skip_reason.clone(),
         staleness_counts: m.lag_counts.clone(),
         staleness_violations: m.dropped_stale,
         admission_wait_s: wait,

@@ -184,6 +184,7 @@ impl Validator {
                 stop_token_ids: self.stop_token_ids.clone(),
                 stats: Arc::new(EnvStats::default()),
                 faults: Arc::new(mtrl_rollout::faults::Faults::none()),
+                sampled_logprobs: true,
             });
             let episodes = rt.block_on(mtrl_eval::runner::run_all(
                 cx,
@@ -226,6 +227,10 @@ pub fn write_best(run: &Path, best: &Best) -> Result<()> {
         f.sync_all()?;
     }
     std::fs::rename(&tmp, &p).with_context(|| p.display())?;
+    // The rename itself must survive a crash: fsync the folder that holds the entry.
+    std::fs::File::open(run)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("syncing {}", run.display()))?;
     Ok(())
 }
 

@@ -18,8 +18,9 @@
 //! clip_low = 0.2            # ratio bounds [1 − clip_low, 1 + clip_high] (PPO, CISPO)
 //! clip_high = 0.28
 //! dual_clip = 3.0           # optional (PPO, A < 0)
-//! tis_cap = 2.0             # cap C of the IS weight: the sampler correction of ratio =
-//!                           # "proximal", and the truncation of loss = "is"; 0 = off
+//! tis_cap = 2.0             # cap C of the IS weights: the sampler correction of ratio =
+//!                           # "proximal" (always applied), and the truncation of loss = "is";
+//!                           # 0 = no cap (the weight is used untruncated), in both uses
 //! max_staleness = 2         # η: 0 = synchronous on-policy
 //! kl_coef = 0.0             # k3 KL to the frozen initial policy; 0 = no reference model
 //! loss_agg = "token-mean"   # | "seq-mean-token-mean" | "seq-mean-token-sum" | "seq-mean-token-sum-norm"

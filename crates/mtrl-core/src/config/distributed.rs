@@ -6,7 +6,11 @@
 //!                        # builds); "auto": nccl for full fine-tuning on CUDA, host otherwise
 //! bucket_mb = 25         # gradients are all-reduced in buckets of about this many MiB
 //! timeout_s = 300        # a rank that does not reach a collective within this is named and the
-//!                        # job is stopped (covers a rank's validation, which the others wait for)
+//!                        # job is stopped
+//! step_timeout_s = 3600  # how late a rank may reach a step's start (its rollouts, rank 0's
+//!                        # validation and checkpoint): absent = derived from the rollout bounds,
+//!                        # timeout_s + rollout.timeout_s × (max_retries + 1) × the episode waves
+//!                        # of a step and of a validation pass (no bound with rollout.timeout_s = 0)
 //! checksum_every = 10    # compare a parameter checksum across ranks every N steps (0 = never)
 //! ```
 //!
@@ -26,6 +30,7 @@ pub struct DistributedSpec {
     pub grad_reduce: Option<String>,
     pub bucket_mb: Option<f64>,
     pub timeout_s: Option<f64>,
+    pub step_timeout_s: Option<f64>,
     pub checksum_every: Option<u64>,
 }
 
@@ -34,6 +39,9 @@ pub struct DistributedConfig {
     pub grad_reduce: String,
     pub bucket_mb: f64,
     pub timeout_s: f64,
+    /// The bound of the step arrivals; `None`: derived from the rollout bounds (see the module
+    /// header and `mtrl_train::data_parallel::step_wait`).
+    pub step_timeout_s: Option<f64>,
     pub checksum_every: u64,
 }
 
@@ -43,6 +51,7 @@ impl Default for DistributedConfig {
             grad_reduce: "auto".into(),
             bucket_mb: 25.0,
             timeout_s: 300.0,
+            step_timeout_s: None,
             checksum_every: 10,
         }
     }
@@ -75,10 +84,21 @@ impl DistributedSpec {
                 format!("{timeout_s}: expected a positive number of seconds"),
             ));
         }
+        if let Some(t) = self.step_timeout_s {
+            if !(t.is_finite() && t > 0.0) {
+                return Err(ctx.invalid(
+                    "distributed.step_timeout_s",
+                    format!(
+                        "{t}: expected a positive number of seconds (leave it out to derive it)"
+                    ),
+                ));
+            }
+        }
         Ok(DistributedConfig {
             grad_reduce,
             bucket_mb,
             timeout_s,
+            step_timeout_s: self.step_timeout_s,
             checksum_every: self.checksum_every.unwrap_or(d.checksum_every),
         })
     }
@@ -107,6 +127,7 @@ mod tests {
             ("grad_reduce = \"gloo\"", "distributed.grad_reduce"),
             ("bucket_mb = 0", "distributed.bucket_mb"),
             ("timeout_s = -1", "distributed.timeout_s"),
+            ("step_timeout_s = 0", "distributed.step_timeout_s"),
         ] {
             let e = load(s).unwrap_err().to_string();
             assert!(e.contains(key) && e.contains("d.toml"), "{s}: {e}");

@@ -5,7 +5,10 @@
 //! rank = 32                 # r (the managed service's `lora_rank`; default 32)
 //! alpha = 64                # scaling alpha / r (`lora_alpha`; default 64)
 //! target_modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-//! dropout = 0.0             # on the adapter's input while training
+//! dropout = 0.0             # on the adapter's input while training; the rollout engine samples
+//!                           # without dropout, so with dropout > 0 the learner's log-probs (and
+//!                           # the PPO ratio) differ from the sampler's even on-policy (the
+//!                           # `sampler_gap` record shows by how much): keep 0 for RL
 //! rslora = false            # scaling alpha / sqrt(r)
 //! serving = "auto"          # how the rollout engine applies it: "auto" | "unmerged" | "merged"
 //! ```

@@ -33,7 +33,9 @@ pub use hyperparameters::HyperparametersSpec;
 pub use logging::{LoggingConfig, LoggingSpec};
 pub use lora::{check_lora, LoraConfig, LoraField, LoraSpec, LORA_SERVINGS, LORA_TARGETS};
 pub use model::{ModelConfig, ModelSource, ModelSpec, RANDOM_PRESETS};
-pub use rollout::{AgentConfig, EnvironmentKind, RolloutConfig, RolloutSpec, WeightSync};
+pub use rollout::{
+    AgentConfig, BehaviourLogprobs, EnvironmentKind, RolloutConfig, RolloutSpec, WeightSync,
+};
 pub use search::{
     Bm25Config, Columns, EmbedderChoice, RetrievalEvalConfig, SearchConfig, SearchSpec, StopWords,
     VectorConfig,

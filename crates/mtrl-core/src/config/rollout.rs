@@ -24,6 +24,11 @@
 //! weight_sync = "latest"         # or "pinned": every episode of group i runs on version
 //!                                # max(v₀, ⌊i/B⌋ − η) from first token to last, so a run does
 //!                                # not depend on timing (mtrl-rollout's `pin`)
+//! behaviour_logprobs = "sampled"  # the behaviour log-prob trajectories record for each sampled
+//!                                # token (the ratio's denominator): "sampled" = under the
+//!                                # distribution it was drawn from (top-k / top-p truncated and
+//!                                # renormalised), "full" = under the whole vocabulary; they differ
+//!                                # only with top_k > 0 or top_p < 1
 //! ```
 
 use serde::Deserialize;
@@ -51,6 +56,7 @@ pub struct RolloutSpec {
     pub agent_listen: Option<String>,
     pub agent_endpoint: Option<String>,
     pub weight_sync: Option<String>,
+    pub behaviour_logprobs: Option<String>,
 }
 
 /// How rollouts take up the learner's new weights.
@@ -61,6 +67,16 @@ pub enum WeightSync {
     Latest,
     /// Group i only ever sees version max(v₀, ⌊i/B⌋ − η): reproducible whatever the timing.
     Pinned,
+}
+
+/// Which log-prob of a sampled token trajectories record as its behaviour log-prob.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BehaviourLogprobs {
+    /// Under the truncated, renormalised distribution the token was drawn from.
+    #[default]
+    Sampled,
+    /// Under the full-vocabulary softmax (what the learner evaluates).
+    Full,
 }
 
 /// Which environment episodes run in.
@@ -104,6 +120,7 @@ pub struct RolloutConfig {
     /// `environment = "agent"`: how to reach the agent.
     pub agent: Option<AgentConfig>,
     pub weight_sync: WeightSync,
+    pub behaviour_logprobs: BehaviourLogprobs,
 }
 
 /// Where the user's agent is and how it is called.
@@ -133,6 +150,7 @@ impl Default for RolloutConfig {
             max_failed_fraction: 0.1,
             agent: None,
             weight_sync: WeightSync::Latest,
+            behaviour_logprobs: BehaviourLogprobs::Sampled,
         }
     }
 }
@@ -167,6 +185,16 @@ impl RolloutSpec {
             }
         };
         let agent = agent(&self, environment, ctx)?;
+        let behaviour_logprobs = match self.behaviour_logprobs.as_deref().unwrap_or("sampled") {
+            "sampled" => BehaviourLogprobs::Sampled,
+            "full" => BehaviourLogprobs::Full,
+            other => {
+                return Err(ctx.invalid(
+                    "rollout.behaviour_logprobs",
+                    format!("`{other}`: expected \"sampled\" or \"full\""),
+                ))
+            }
+        };
         let weight_sync = match self.weight_sync.as_deref().unwrap_or("latest") {
             "latest" => WeightSync::Latest,
             "pinned" => WeightSync::Pinned,
@@ -228,6 +256,7 @@ impl RolloutSpec {
             environment,
             agent,
             weight_sync,
+            behaviour_logprobs,
         })
     }
 }
@@ -299,6 +328,17 @@ mod tests {
 
     fn load(text: &str) -> Result<Config> {
         Config::from_toml_str(text, Path::new("configs/r.toml"))
+    }
+
+    #[test]
+    fn behaviour_logprobs_parses_and_names_a_bad_value() {
+        use super::BehaviourLogprobs;
+        let d = load("").unwrap().rollout.behaviour_logprobs;
+        assert_eq!(d, BehaviourLogprobs::Sampled);
+        let c = load("[rollout]\nbehaviour_logprobs = \"full\"\n").unwrap();
+        assert_eq!(c.rollout.behaviour_logprobs, BehaviourLogprobs::Full);
+        let e = load("[rollout]\nbehaviour_logprobs = \"trunc\"\n").unwrap_err();
+        assert!(e.to_string().contains("rollout.behaviour_logprobs"), "{e}");
     }
 
     #[test]

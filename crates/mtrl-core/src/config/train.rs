@@ -16,7 +16,9 @@
 //! micro_batch_tokens = 8192   # padded tokens per forward/backward
 //! grad_accumulation = "f32"   # dtype micro-batch gradients are summed in; "f64" (CPU) makes the
 //!                             # sum exact in any order, so N data-parallel ranks give one
-//!                             # process's weights bit for bit
+//!                             # process's weights bit for bit; the NCCL all-reduce
+//!                             # (GPU ranks) sums in f32 whatever this says: f64 acts within a
+//!                             # rank and across host (MPI) all-reduces only
 //! val_every = 0               # validation (greedy, temperature 0) every N steps; 0 = off
 //! val_tasks = 0               # validation tasks per pass (the first N); 0 = all
 //! val_metric = "val_ndcg@10"  # what "best" means: val_ndcg@10 | val_reward | val_fail_rate |
@@ -24,6 +26,9 @@
 //! val_samples = 0             # > 0: also N sampled episodes per validation task (the rollout's
 //!                             # temperature / top_p / top_k, the same seeds at every pass); their
 //!                             # mean reward breaks ties of val_metric (or is it)
+//! max_skipped_updates = 3     # the run stops with an error naming the cause once this many
+//!                             # steps in a row skipped an update for a non-finite loss or
+//!                             # gradient norm (each one is reported); 0 = never
 //! ```
 
 use serde::Deserialize;
@@ -51,6 +56,7 @@ pub struct TrainSpec {
     pub val_tasks: Option<usize>,
     pub val_metric: Option<String>,
     pub val_samples: Option<usize>,
+    pub max_skipped_updates: Option<u64>,
 }
 
 /// Validation metrics a best checkpoint can be chosen by (`val_fail_rate`: lower is better).
@@ -93,6 +99,9 @@ pub struct TrainConfig {
     /// Sampled validation episodes per task (0 = greedy only): their mean reward breaks ties of
     /// `val_metric`, or is it (`val_sampled_reward`).
     pub val_samples: usize,
+    /// Steps in a row that may skip an update for a non-finite loss or gradient before the run
+    /// stops with an error (0 = never).
+    pub max_skipped_updates: u64,
 }
 
 impl Default for TrainConfig {
@@ -115,6 +124,7 @@ impl Default for TrainConfig {
             val_tasks: 0,
             val_metric: "val_ndcg@10".into(),
             val_samples: 0,
+            max_skipped_updates: 3,
         }
     }
 }
@@ -181,7 +191,9 @@ impl TrainSpec {
                 return Err(ctx.invalid(key, "acts only with train.val_every > 0"));
             }
         }
+        let max_skipped_updates = self.max_skipped_updates.unwrap_or(d.max_skipped_updates);
         Ok(TrainConfig {
+            max_skipped_updates,
             weight_decay_exclude: exclude,
             val_every,
             val_tasks: self.val_tasks.unwrap_or(0),

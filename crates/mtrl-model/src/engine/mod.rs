@@ -21,8 +21,11 @@
 //! always the whole context, and the engine checks what it holds against it, so a client that
 //! edits history only loses the reuse. Parked sessions are dropped when their owner calls
 //! [`Engine::release`], least recently used first when the store is full, and all of them at a
-//! weight update (a turn's prompt is always prefilled by the weights that sample that turn; only
-//! sequences *in flight* keep entries across an update, as before).
+//! weight update. Invariant: a turn's prompt is always prefilled by the weights that sample that
+//! turn. A session is tagged with the version that computed its oldest stored position, and
+//! positions are reused only under that same version: a sequence *in flight* during an update
+//! keeps its entries to finish its turn, but parks them under the old version, so its next turn
+//! prefills afresh.
 //!
 //! **Log-probs.** Every sampled token comes with `log_softmax(logits / T)[token]` over the full
 //! vocabulary (`T = 1` for greedy), the quantity `logprobs::token_logprobs` evaluates for the
@@ -134,6 +137,17 @@ pub struct StepOutput {
 }
 
 impl Completion {
+    /// The behaviour log-probs to record: under the (top-k/top-p truncated) distribution each
+    /// token was drawn from when `sampled` (the full-vocabulary ones where the engine reported no
+    /// truncated ones: the legacy engine), else under the full vocabulary.
+    pub fn behaviour_logprobs(&self, sampled: bool) -> &[f32] {
+        if sampled && self.truncated_logprobs.len() == self.logprobs.len() {
+            &self.truncated_logprobs
+        } else {
+            &self.logprobs
+        }
+    }
+
     /// A sequence that produced nothing (its request asked for no token, or it never finished).
     pub fn empty(seq: SeqId, prompt: Vec<u32>) -> Completion {
         Completion {
@@ -266,6 +280,10 @@ pub(crate) struct Seq {
     pub truncated: Vec<f32>,
     pub versions: Vec<u64>,
     pub kv: SeqBlocks,
+    /// The policy version that computed the oldest position in `kv` (set at admission: a waiting
+    /// sequence holds no positions, and a session's are attached only at the current version).
+    /// Positions of later versions may follow; parking tags the session with this one.
+    pub kv_version: u64,
     /// Admission order (the youngest is preempted first).
     pub admitted: u64,
 }
@@ -423,6 +441,7 @@ impl Engine {
             truncated: Vec::new(),
             versions: Vec::new(),
             kv: SeqBlocks::default(),
+            kv_version: self.version,
             admitted: 0,
         });
         Ok(id)

@@ -98,9 +98,11 @@ impl Engine {
                 continue;
             }
             if seq.tokens.is_empty() && seq.kv.is_empty() {
-                let reused = self.sessions.attach(&mut seq, &mut self.pool);
+                let reused = self.sessions.attach(&mut seq, &mut self.pool, self.version);
                 self.counters.reused_tokens += reused as u64;
             }
+            // What `kv` holds now was computed by this version (see `Seq::kv_version`).
+            seq.kv_version = self.version;
             let need =
                 KvPool::blocks_for(seq.context_len() + 1).saturating_sub(seq.kv.num_blocks());
             if !self.active.is_empty() && need > self.pool.free_blocks() + self.sessions.blocks() {

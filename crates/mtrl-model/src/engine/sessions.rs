@@ -9,6 +9,8 @@ use crate::kv_pool::{KvPool, SeqBlocks};
 /// A finished sequence's stored positions and the token ids they hold.
 struct Parked {
     kv: SeqBlocks,
+    /// The version that computed the oldest of them (later ones may be newer).
+    version: u64,
     tokens: Vec<u32>,
     last_used: u64,
 }
@@ -41,6 +43,7 @@ impl Sessions {
         self.tick += 1;
         let new = Parked {
             kv,
+            version: seq.kv_version,
             tokens,
             last_used: self.tick,
         };
@@ -50,12 +53,17 @@ impl Sessions {
     }
 
     /// Gives `seq` the parked positions of its session that match the start of its context, at
-    /// most all but the last prompt token (whose logits must be computed). Returns the number of
-    /// positions reused.
-    pub fn attach(&mut self, seq: &mut Seq, pool: &mut KvPool) -> usize {
+    /// most all but the last prompt token (whose logits must be computed), and only when every
+    /// one of them was computed by `version` (a session parked with older positions is dropped).
+    /// Returns the number of positions reused.
+    pub fn attach(&mut self, seq: &mut Seq, pool: &mut KvPool, version: u64) -> usize {
         let Some(mut p) = seq.req.session.and_then(|s| self.parked.remove(&s)) else {
             return 0;
         };
+        if p.version != version {
+            pool.release(&mut p.kv);
+            return 0;
+        }
         let prompt = &seq.req.prompt;
         let common = p
             .tokens

@@ -40,6 +40,10 @@ pub(super) struct Loop<'a> {
     pub(super) checkpoint_s: f64,
     /// This process among the data-parallel ranks.
     pub(super) ranks: Ranks,
+    /// Steps in a row whose update was skipped for a non-finite loss or gradient.
+    pub(super) skipped_in_a_row: u64,
+    /// Validation tasks of the run (for the bound of the step arrivals).
+    pub(super) validation_tasks: usize,
     /// An injected rank fault (`MTRL_RANK_FAULT`, tests).
     pub(super) fault: Option<mtrl_dist::RankFault>,
 }
@@ -85,10 +89,10 @@ impl Loop<'_> {
         } else {
             None
         };
-        if opts.watch_signals {
+        let _signals = opts.watch_signals.then(|| {
             let stop = opts.stop.clone();
-            on_signal(&rt, move || stop.store(true, Ordering::SeqCst));
-        }
+            on_signal(move || stop.store(true, Ordering::SeqCst))
+        });
         let (step, version) = (self.start.state.step, self.learner.version());
         let faults = Arc::new(Faults::from_env(cfg.train.seed)?);
         if faults.active() {
@@ -240,9 +244,11 @@ impl Loop<'_> {
             let mine = next_batch(rollout, batches, b, stop, stuck_after(self.cfg))?;
             mtrl_core::trace!("step {step_no}: batch arrived");
             // Every rank stops at the same step when any was asked to.
-            let any_stop = self
-                .ranks
-                .arrive(&format!("step {step_no}"), mine.is_none())?;
+            let any_stop = self.ranks.arrive_within(
+                &format!("step {step_no}"),
+                mine.is_none(),
+                dp::step_wait(self.cfg, world, self.validation_tasks),
+            )?;
             let Some(mine) = mine.filter(|_| !any_stop) else {
                 return Ok(true);
             };
@@ -251,6 +257,7 @@ impl Loop<'_> {
             let wait_s = t_wait.elapsed().as_secs_f64();
             let m = self.learner.step(&batch)?;
             mtrl_core::trace!("step {step_no}: update done");
+            self.check_skips(step_no, &m)?;
             if let Some(f) = self.fault.filter(|f| f.hits(self.ranks.rank(), step_no)) {
                 dp::diverge(&self.learner.policy, f)?;
             }
@@ -320,6 +327,39 @@ impl Loop<'_> {
 /// How long the learner waits for rollouts that make no progress at all (no generated token, no
 /// finished group) before it calls them stuck: twice `rollout.timeout_s` (an episode attempt
 /// outliving it is stopped by the rollouts themselves), 20 minutes without one.
+impl Loop<'_> {
+    /// Reports a step whose update was skipped for a non-finite loss or gradient, and ends the
+    /// run once `train.max_skipped_updates` steps in a row did (learning has stopped).
+    fn check_skips(&mut self, step: u64, m: &mtrl_learner::StepMetrics) -> Result<()> {
+        let Some(why) = &m.skip_reason else {
+            if m.updates > 0 {
+                self.skipped_in_a_row = 0;
+            }
+            return Ok(());
+        };
+        self.skipped_in_a_row += 1;
+        let n = self.skipped_in_a_row;
+        if self.ranks.lead() {
+            eprintln!(
+                "step {step}: {} of {} optimizer update(s) skipped: {why} ({n} step(s) in a row)",
+                m.skipped_updates,
+                m.skipped_updates + m.updates
+            );
+        }
+        let max = self.cfg.train.max_skipped_updates;
+        if max > 0 && n >= max {
+            bail!(
+                "{}: steps {}..={step} all skipped their update: {why}; learning has stopped \
+                 (lower train.lr, check algorithm.tis_cap / the loss settings and the data; \
+                 train.max_skipped_updates = {max} sets this bound, 0 = never stop)",
+                self.cfg.source.display(),
+                step + 1 - n
+            );
+        }
+        Ok(())
+    }
+}
+
 fn stuck_after(cfg: &Config) -> Duration {
     Duration::from_secs_f64(cfg.rollout.timeout_s.map_or(1200.0, |t| 2.0 * t))
 }

@@ -128,17 +128,22 @@ pub fn train(cfg: &Config, mut opts: TrainOptions) -> Result<Summary> {
         if cleaned > 0 {
             eprintln!("removed {cleaned} unfinished checkpoint folder(s) of an interrupted save");
         }
+        // Folders newer than the newest valid one that fail verification leave the listing, so
+        // neither rotation nor a later resume meets them again.
+        let (_, rejected) = mgr.latest_valid()?;
+        let moved = mgr.set_aside(&rejected)?;
+        for (r, to) in rejected.iter().zip(&moved) {
+            eprintln!(
+                "checkpoint {} is unusable ({}); moved to {}, trying an older one",
+                r.path.display(),
+                r.reason,
+                to.display()
+            );
+        }
     }
     // The other ranks read the checkpoint folder once rank 0 has tidied it.
     ranks.arrive("the run's start", false)?;
-    let (latest, rejected) = mgr.latest_valid()?;
-    for r in rejected.iter().filter(|_| lead) {
-        eprintln!(
-            "checkpoint {} is unusable ({}); trying an older one",
-            r.path.display(),
-            r.reason
-        );
-    }
+    let (latest, _) = mgr.latest_valid()?;
     let initial = setup::initial_policy(cfg, &parts)?;
     mtrl_core::trace!(
         "policy loaded on {:?} ({:?})",
@@ -172,6 +177,8 @@ pub fn train(cfg: &Config, mut opts: TrainOptions) -> Result<Summary> {
             .then(|| CheckpointWriter::spawn(mgr.clone()))
             .transpose()?,
         checkpoint_s: 0.0,
+        validation_tasks: data.sets.validation.len(),
+        skipped_in_a_row: 0,
         fault: mtrl_dist::RankFault::from_env().map_err(|e| TrainError::Msg(e.to_string()))?,
         ranks,
     };
@@ -200,23 +207,5 @@ pub fn train(cfg: &Config, mut opts: TrainOptions) -> Result<Summary> {
     })
 }
 
-/// Runs `then` on Ctrl-C or SIGTERM (training raises its stop flag and checkpoints; the servers
-/// stop accepting and drain).
-pub(crate) fn on_signal(rt: &tokio::runtime::Runtime, then: impl FnOnce() + Send + 'static) {
-    rt.spawn(async move {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{signal, SignalKind};
-            let Ok(mut term) = signal(SignalKind::terminate()) else {
-                return;
-            };
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        }
-        #[cfg(not(unix))]
-        let _ = tokio::signal::ctrl_c().await;
-        then();
-    });
-}
+/// Runs `then` on the first Ctrl-C or SIGTERM while the guard lives (see [`crate::signals`]).
+pub(crate) use crate::signals::on_signal;

@@ -181,6 +181,11 @@ pub(super) fn telemetry(
         &metrics_path(cfg),
         &s.state.metrics,
     )?));
+    // The per-rank rollout log is cut back to the resumed step, as the records are.
+    crate::data_parallel::cut_ranks_log(
+        &cfg.checkpoint.dir.join("rollout-ranks.jsonl"),
+        s.state.step,
+    )?;
     if let Some(addr) = &cfg.logging.prometheus {
         t.push(Box::new(PrometheusSink::start(addr)?));
     }
@@ -230,5 +235,7 @@ pub(super) fn rollout_settings(
         faults,
         shard,
         weight_sync: cfg.rollout.weight_sync,
+        sampled_logprobs: cfg.rollout.behaviour_logprobs
+            == mtrl_core::config::BehaviourLogprobs::Sampled,
     }
 }
