@@ -11,6 +11,7 @@ use super::common::load_config;
 #[derive(clap::Subcommand, Debug)]
 pub enum DataCommand {
     /// Write corpus + train/validation/test task files for collections.
+    #[command(after_help = super::examples::DATA_PREPARE)]
     Prepare(PrepareArgs),
 }
 

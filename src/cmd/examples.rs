@@ -64,6 +64,13 @@ pub const DATA: &str = r#"Example:
 
 See docs/environment.md."#;
 
+/// `mtrl data prepare --help`.
+pub const DATA_PREPARE: &str = r#"Examples:
+  mtrl data prepare
+  mtrl data prepare --config configs/cranfield-hash.toml --out runs/data --format parquet
+
+See docs/environment.md."#;
+
 /// `mtrl rollout --help`.
 pub const ROLLOUT: &str = r#"Example:
   mtrl rollout --policy hybrid-rrf --config configs/musique-hash.toml --trajectories t.jsonl
