@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's default-job table: the same recipe (configs/demo.toml and its two copies with other
+# The default job's table (docs/results/): the same recipe (configs/demo.toml and its two copies with other
 # paths) on Cranfield, Vaswani and MuSiQue-100, seeds 0 1 2, then `mtrl demo-table` (mean ± sd over
 # seeds, bootstrap intervals per collection and pooled). Usage:
 #   scripts/demo-table.sh [test|validation] [seeds...]     (default: test 0 1 2)

@@ -90,7 +90,7 @@ if [[ -z "$BIN" ]]; then
   BIN=target/gpu/mtrl
   [[ -f "$BIN.gz" && ! -f "$BIN" ]] && BIN="$BIN.gz"
 fi
-[[ -f "$BIN" ]] || die "no mtrl binary at $BIN (build: see README, section GPU)"
+[[ -f "$BIN" ]] || die "no mtrl binary at $BIN (build: see docs/gpu.md)"
 # The device tool carries at most 64 MiB, and a cuda build is ~74 MiB: it travels gzip'd (~19 MB).
 CARRIED="$BIN"
 if [[ "$BIN" == *.gz ]]; then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Places the CUDA RL stall (README "GPU check": `mtrl train` on one H200 wrote no step and used
+# Places the CUDA RL stall (docs/results/2026-12-04-h200-gpu-check.md: `mtrl train` on one H200 wrote no step and used
 # 0 % of the GPU) in one short run on the GPU machine, about 5 minutes. Every variant runs the
 # train smoke (configs/gpu-train-smoke.toml, one step, `[rollout] timeout_s = 20` so the
 # stuck-rollout watchdog ends it in ~40 s) with `MTRL_TRACE=1` — the last trace line names the

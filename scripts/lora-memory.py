@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """LoRA memory arithmetic for single-GPU Qwen3 training with mtrl (computed, not measured).
 
-Prints the tables and sums of README "LoRA memory arithmetic" (stdlib only, no network):
+Prints the tables and sums of docs/gpu.md "LoRA memory arithmetic" (stdlib only, no network):
 
     python3 scripts/lora-memory.py            # everything
-    python3 scripts/lora-memory.py --rank 16  # another rank (the README uses 32)
+    python3 scripts/lora-memory.py --rank 16  # another rank (docs/gpu.md uses 32)
 
-Conventions are those of README "GPU memory arithmetic": bf16 weights, GB = 10^9 bytes,
+Conventions are those of docs/gpu.md "GPU memory arithmetic": bf16 weights, GB = 10^9 bytes,
 MB = 10^6 bytes, KiB = 1,024 bytes; attention keeps 12 * heads * layers * b * T^2 bytes; the linear
 activations of the full fine-tuning forward are (40*hidden + 33*(q_dim + kv_dim) + 8*intermediate)
 bytes per token and layer. What LoRA changes:
@@ -133,7 +133,7 @@ def fits(bytes_, cap):
 
 
 def g(x):
-    """Bytes as GB the README's way: 1 decimal, 2 below 10 GB."""
+    """Bytes as GB docs/gpu.md's way: 1 decimal, 2 below 10 GB."""
     v = x / GB
     return f"{v:.2f}" if v < 10 else f"{v:.1f}"
 

@@ -17,6 +17,7 @@ pub struct BenchAllreduceArgs {
     /// LoRA rank and alpha (all seven target modules).
     #[arg(long, default_value_t = 32)]
     pub rank: usize,
+    /// LoRA alpha.
     #[arg(long, default_value_t = 64.0)]
     pub alpha: f64,
     /// Gradient bucket size ([distributed] bucket_mb).
@@ -25,6 +26,7 @@ pub struct BenchAllreduceArgs {
     /// Timed repeats after one warm-up.
     #[arg(long, default_value_t = 10)]
     pub repeats: usize,
+    /// cpu, or cuda:N for the NCCL reduce.
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// The gradient dtype ([train] grad_accumulation): f32 or f64.

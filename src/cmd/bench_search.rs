@@ -11,6 +11,7 @@ use super::common::{load_config, print_pretty};
 
 #[derive(clap::Args, Debug)]
 pub struct BenchSearchArgs {
+    /// TOML config with a [search] section (and [search.eval] queries).
     #[arg(long, short)]
     pub config: PathBuf,
     /// Query file; defaults to [search.eval] queries.
@@ -19,6 +20,7 @@ pub struct BenchSearchArgs {
     /// Concurrent tasks for the throughput run.
     #[arg(long, default_value_t = 32)]
     pub concurrency: usize,
+    /// Hits per query.
     #[arg(short, long, default_value_t = 10)]
     pub k: usize,
     /// Passes over the query set in each throughput run.

@@ -21,20 +21,25 @@ pub struct BenchTrainArgs {
     /// With --lora: adapter rank and alpha (all seven target modules).
     #[arg(long, default_value_t = 32)]
     pub rank: usize,
+    /// With --lora: adapter alpha.
     #[arg(long, default_value_t = 64.0)]
     pub alpha: f64,
     /// With --lora: the training batch (rows × tokens), timed repeats, decode batch.
     #[arg(long, default_value_t = 4)]
     pub rows: usize,
+    /// With --lora: tokens per training row.
     #[arg(long, default_value_t = 256)]
     pub len: usize,
+    /// With --lora: timed repeats after one warm-up.
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
+    /// With --lora: sequences decoded together.
     #[arg(long, default_value_t = 16)]
     pub batch: usize,
     /// With --lora: f32, bf16 or f16; cpu or cuda:N.
     #[arg(long, default_value = "f32")]
     pub dtype: String,
+    /// With --lora: cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// Steps per run.

@@ -11,6 +11,7 @@ use super::common::load_config;
 #[derive(clap::Subcommand, Debug)]
 pub enum DataCommand {
     /// Write corpus + train/validation/test task files for collections.
+    #[command(after_help = super::examples::DATA_PREPARE)]
     Prepare(PrepareArgs),
 }
 
@@ -23,10 +24,13 @@ pub struct PrepareArgs {
     /// Output folder (one subfolder per config name).
     #[arg(long, default_value = "runs/data")]
     pub out: PathBuf,
+    /// Share of the judged queries held out as the test split.
     #[arg(long, default_value_t = 0.2)]
     pub test_fraction: f64,
+    /// Share of the judged queries held out as the validation split.
     #[arg(long, default_value_t = 0.1)]
     pub validation_fraction: f64,
+    /// Seed of the split (the same seed gives the same split).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Task file format: jsonl, parquet, csv or json.

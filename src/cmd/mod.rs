@@ -9,6 +9,7 @@ pub mod common;
 pub mod data;
 pub mod demo;
 pub mod eval;
+pub mod examples;
 pub mod export;
 pub mod generate;
 pub mod index;

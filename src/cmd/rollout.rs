@@ -15,6 +15,7 @@ pub struct RolloutArgs {
     /// Scripted policy: bm25-once, vector-once or hybrid-rrf.
     #[arg(long)]
     pub policy: String,
+    /// TOML config with [search] (and [data] or [search.eval] for the tasks).
     #[arg(long, short)]
     pub config: PathBuf,
     /// Task split of [data]: test, validation or train (default: test; without [data], the
@@ -27,6 +28,7 @@ pub struct RolloutArgs {
     /// Write every trajectory as one JSON line to this file.
     #[arg(long)]
     pub trajectories: Option<PathBuf>,
+    /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
 }

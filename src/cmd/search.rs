@@ -25,13 +25,16 @@ impl Tool {
 
 #[derive(clap::Args, Debug)]
 pub struct SearchArgs {
+    /// TOML config with a [search] section (indexes built on first use).
     #[arg(long, short)]
     pub config: PathBuf,
+    /// Which tool answers.
     #[arg(long, value_enum, default_value_t = Tool::Bm25)]
     pub tool: Tool,
     /// Number of hits.
     #[arg(short, long, default_value_t = 10)]
     pub k: usize,
+    /// Print the hits as JSON.
     #[arg(long)]
     pub json: bool,
     /// The query text (any text: it is searched as plain terms).

@@ -11,6 +11,7 @@ use super::common::{load_config, print_pretty};
 
 #[derive(clap::Args, Debug)]
 pub struct SearchEvalArgs {
+    /// TOML config with a [search] section.
     #[arg(long, short)]
     pub config: PathBuf,
     /// Query file (TSV `id<TAB>text` or JSONL); defaults to [search.eval] queries.
@@ -19,6 +20,7 @@ pub struct SearchEvalArgs {
     /// Qrels file (TREC or TSV); defaults to [search.eval] qrels.
     #[arg(long)]
     pub qrels: Option<PathBuf>,
+    /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
 }

@@ -9,6 +9,7 @@ use serde_json::json;
 
 #[derive(clap::Args, Debug)]
 pub struct SftArgs {
+    /// The run config: [model] to fine-tune, [sft] settings, [search] and [env] for the tool schemas.
     #[arg(long, short)]
     pub config: PathBuf,
     /// Trajectory file (default: `[sft] trajectories`).
@@ -17,6 +18,7 @@ pub struct SftArgs {
     /// Output checkpoint folder (default: `[sft] output`).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
 }
