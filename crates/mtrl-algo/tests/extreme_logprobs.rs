@@ -26,8 +26,15 @@ const LOSSES: [PolicyLoss; 5] = [
     PolicyLoss::Is { cap: Some(2.0) },
 ];
 
-/// Loss and gradient of one [2, 4] batch in `dtype`.
-fn run(loss: PolicyLoss, logp: &[f32], old: &[f32], mask: &[f32], dtype: DType) -> (f64, Vec<f64>) {
+/// Loss and gradient of one [2, 4] batch in `dtype`; with `kl`, plus 0.1 × k3 KL to `old`.
+fn run(
+    loss: PolicyLoss,
+    logp: &[f32],
+    old: &[f32],
+    mask: &[f32],
+    dtype: DType,
+    kl: bool,
+) -> (f64, Vec<f64>) {
     let dev = Device::Cpu;
     let t = |v: &[f32]| {
         Tensor::from_slice(v, (2, 4), &dev)
@@ -51,9 +58,11 @@ fn run(loss: PolicyLoss, logp: &[f32], old: &[f32], mask: &[f32], dtype: DType) 
     let out = per_token_loss(loss, &x).unwrap();
     let global = GlobalCounts::of_mask(&mask).unwrap();
     let mut l = aggregate(&out.per_token, &mask, Aggregation::TokenMean, global).unwrap();
-    let kl = kl_k3(lp.as_tensor(), &old).unwrap();
-    l = (l + (aggregate(&kl, &mask, Aggregation::TokenMean, global).unwrap() * 0.1).unwrap())
-        .unwrap();
+    if kl {
+        let k = kl_k3(lp.as_tensor(), &old).unwrap();
+        l = (l + (aggregate(&k, &mask, Aggregation::TokenMean, global).unwrap() * 0.1).unwrap())
+            .unwrap();
+    }
     let value = l.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap();
     let g = l.backward().unwrap();
     let grad = g
@@ -74,13 +83,16 @@ fn masked_positions_with_underflowing_ratio_stay_finite() {
     let logp = [-120.0, -0.5, -1.0, -0.2, -300.0, -0.7, -0.1, -2.0];
     let old = [0.0, -0.6, -1.0, -0.3, 0.0, -0.7, -0.2, -1.5];
     let mask = [0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0];
-    for dtype in [DType::F32, DType::BF16, DType::F64] {
-        for loss in LOSSES {
-            let (v, g) = run(loss, &logp, &old, &mask, dtype);
-            assert!(v.is_finite(), "{loss:?} {dtype:?}: loss {v}");
-            assert!(g.iter().all(|x| x.is_finite()), "{loss:?} {dtype:?}: {g:?}");
-            // Masked positions get exactly no gradient.
-            assert_eq!((g[0], g[4]), (0.0, 0.0), "{loss:?} {dtype:?}");
+    // Without the KL term first: the IS cap's 0/0 alone made every update NaN.
+    for kl in [false, true] {
+        for dtype in [DType::F32, DType::BF16, DType::F64] {
+            for loss in LOSSES {
+                let (v, g) = run(loss, &logp, &old, &mask, dtype, kl);
+                assert!(v.is_finite(), "{loss:?} {dtype:?} kl {kl}: loss {v}");
+                assert!(g.iter().all(|x| x.is_finite()), "{loss:?} {dtype:?}: {g:?}");
+                // Masked positions get exactly no gradient.
+                assert_eq!((g[0], g[4]), (0.0, 0.0), "{loss:?} {dtype:?} kl {kl}");
+            }
         }
     }
 }
@@ -94,7 +106,7 @@ fn trained_positions_with_overflowing_ratio_stay_finite() {
     let mask = [1.0; 8];
     for dtype in [DType::F32, DType::F64] {
         for loss in LOSSES {
-            let (v, g) = run(loss, &logp, &old, &mask, dtype);
+            let (v, g) = run(loss, &logp, &old, &mask, dtype, true);
             assert!(v.is_finite(), "{loss:?} {dtype:?}: loss {v}");
             assert!(g.iter().all(|x| x.is_finite()), "{loss:?} {dtype:?}: {g:?}");
         }
