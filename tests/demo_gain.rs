@@ -6,7 +6,7 @@
 //! test's own run, below base) to 0.2983. Since recipe 6 each group is pinned to one weight
 //! version (`weight_sync = "pinned"`), so the run is a function of its seeds (recipe 8, release
 //! build, Cranfield seed 0: greedy tuned 0.3101 vs base 0.1021, sampled tuned 0.2991 vs base
-//! 0.2056 vs RFT 0.2299; README). Tuned vs RFT greedy is level on this seed (+0.0077, interval
+//! 0.2056 vs RFT 0.2299; docs/results/default-job-recipes.md). Tuned vs RFT greedy is level on this seed (+0.0077, interval
 //! spanning zero), so it is not asserted. Several minutes on 2 cores; its own test binary, so it
 //! does not share the cores with another test of this file.
 mod common;

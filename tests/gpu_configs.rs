@@ -1,5 +1,5 @@
 //! The single-GPU configs (`configs/qwen3-0.6b-smoke.toml`, `configs/qwen3-4b.toml`) validate,
-//! hold the sizes the README's memory arithmetic assumes, map onto the learner's step config, and
+//! hold the sizes docs/gpu.md's memory arithmetic assumes, map onto the learner's step config, and
 //! `mtrl train` on them fails with a clear error naming what is missing (the device on a CPU
 //! build; the user-supplied model folder once the device exists). Also: `mtrl selftest` passes on
 //! the CPU (the same command the GPU check runs on cuda:0).
@@ -138,7 +138,7 @@ fn the_train_smoke_configs_are_twins_on_two_devices() {
 
 #[test]
 fn lora_configs_validate_with_the_documented_sizes() {
-    // README "LoRA memory arithmetic" (scripts/lora-memory.py): (file, model folder,
+    // docs/gpu.md "LoRA memory arithmetic" (scripts/lora-memory.py): (file, model folder,
     // max_context_tokens, micro_batch_tokens, kv_cache_tokens = rollout_max_concurrency × context)
     for (name, model, ctx, mbt, kv) in [
         ("qwen3-8b-lora.toml", "Qwen3-8B", 1792, 1792, 32 * 1792),

@@ -166,7 +166,8 @@ pub struct EnvConfig {
     pub hits: HitFormat,
     /// A search call without `query` searches for the task's question.
     pub default_query: bool,
-    /// `submit` also takes `hits`, 1-based ranks into the most recent search's results.
+    /// `submit` also takes `hits`, 1-based ranks of the hits shown (every search's, numbered in
+    /// call order).
     pub submit_hits: bool,
     /// With `submit_hits`: `submit({"top": n, "rrf": true})` fuses the searches by reciprocal rank.
     pub submit_rrf: bool,

@@ -9,7 +9,8 @@
 //! top_k = 0                      # 0 = off
 //! max_batch = 32                 # sequences per decode step (default: rollout_max_concurrency)
 //! kv_cache_tokens = 65536        # positions the engine keeps resident, all episodes together
-//!                                # (default: rollout_max_concurrency × env.max_context_tokens)
+//!                                # (default: (rollout_max_concurrency + max_batch) ×
+//!                                # env.max_context_tokens)
 //! prefill_chunk_tokens = 512     # prompt tokens prefilled per engine step, across sequences
 //! environment = "search"         # or "pick": one-token toy task for CI (see mtrl-rollout), or
 //!                                # "agent": the user's agent over HTTP (mtrl-serve)

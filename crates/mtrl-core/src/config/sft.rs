@@ -1,6 +1,8 @@
 //! `[sft]` (supervised fine-tuning on trajectory files, `mtrl sft`) and `[warm_start]` (how the
 //! default job builds a policy from scratch: tokenizer, architecture, imperfect teacher).
 //!
+//! An example (the defaults are in docs/configuration.md):
+//!
 //! ```toml
 //! [sft]
 //! trajectories = "runs/teacher.jsonl"   # default input of `mtrl sft` (JSON Lines trajectories)
