@@ -1,9 +1,12 @@
 //! `mtrl serve` (the policy endpoint on a checkpoint) and `mtrl serve-tools` (a config's search
 //! tools), run until Ctrl-C / SIGTERM, then drained: the listener stops accepting and in-flight
-//! calls finish before the engine stops.
+//! calls finish before the engine stops. The drain is bounded: calls get the server's shutdown
+//! grace (10 s), then the runtime is dropped without waiting more than [`EXIT_WAIT`] for a tool
+//! call still running on its blocking pool.
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use candle_core::{DType, Device};
 use mtrl_core::{Config, EnvConfig};
@@ -28,6 +31,9 @@ pub struct ServeOptions {
     /// Called with the bound address once the server listens.
     pub on_listen: Box<dyn FnOnce(std::net::SocketAddr) + Send>,
 }
+
+/// How long a stopping server waits for blocking work (a tool call) past the drain.
+pub const EXIT_WAIT: Duration = Duration::from_secs(1);
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
@@ -78,6 +84,7 @@ pub fn serve_policy(opts: ServeOptions) -> Result<()> {
     let stop = server.stopper();
     on_signal(&rt, move || stop.cancel());
     let served = rt.block_on(server.wait());
+    rt.shutdown_timeout(EXIT_WAIT);
     let stopped = engine.shutdown();
     served?;
     stopped?;
@@ -110,6 +117,7 @@ pub fn serve_tools(
     on_listen(server.addr);
     let stop = server.stopper();
     on_signal(&rt, move || stop.cancel());
-    rt.block_on(server.wait())?;
-    Ok(())
+    let served = rt.block_on(server.wait());
+    rt.shutdown_timeout(EXIT_WAIT);
+    Ok(served?)
 }

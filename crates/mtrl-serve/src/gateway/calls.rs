@@ -33,8 +33,7 @@ impl Gateway {
                     ));
                 }
                 let t0 = std::time::Instant::now();
-                let (cap, _) = self.slot(t)?;
-                let mut cap = cap.lock().await;
+                let (mut cap, _) = self.open(t).await?;
                 let p = cap.prepare(&req.messages, &req.tools, req.sampling.max_tokens)?;
                 let prompt = p.prompt.clone();
                 let sampling = cap.sampling(client_sampling(&req.sampling));
@@ -217,8 +216,7 @@ impl Gateway {
         let c = match traj {
             Some(t) => {
                 let t0 = std::time::Instant::now();
-                let (cap, _) = self.slot(t)?;
-                let mut cap = cap.lock().await;
+                let (mut cap, _) = self.open(t).await?;
                 let p = cap.prepare_ids(&req.input_ids, req.sampling.max_tokens)?;
                 let sampling = cap.sampling(client_sampling(&req.sampling));
                 let spec = cap.spec.clone();
