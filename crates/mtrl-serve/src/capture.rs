@@ -13,6 +13,12 @@
 //! - otherwise the agent rewrote its history: a new **segment** starts
 //!   (`Trajectory::segment_starts`), trained as a row of its own by the learner.
 //!
+//! Every call adds at least one context token: a call whose prompt is exactly the segment so
+//! far (a `/sample` sending back the last prompt and output) is refused (400 naming
+//! `input_ids` / `messages`), since its sampled ids would run on from the previous call's and
+//! the two turns would merge into one (`Trajectory::sampled_runs` tells turns apart by the
+//! context between them).
+//!
 //! Budgets, as in-process: a call beyond `max_turns` fails the trajectory (`turn_limit`); a
 //! completion that does not end its message within `max_tokens_per_turn` fails it
 //! (`token_limit`, or `context_overflow` when the context bound cut it short); a prompt that
@@ -173,6 +179,7 @@ impl Capture {
             }
         };
         self.finish_prepare(
+            "messages",
             context,
             new_segment,
             history,
@@ -203,8 +210,11 @@ impl Capture {
     }
 
     /// The whole prompt and the call's token budget; a full context fails the trajectory.
+    /// `param` names the request field the prompt comes from.
+    #[allow(clippy::too_many_arguments)]
     fn finish_prepare(
         &mut self,
+        param: &'static str,
         context: Vec<u32>,
         new_segment: bool,
         history: Vec<Message>,
@@ -212,6 +222,15 @@ impl Capture {
         tools: Vec<Value>,
         max_tokens: Option<usize>,
     ) -> Result<Prepared, ApiError> {
+        if context.is_empty() {
+            return Err(ApiError::field(
+                param,
+                "adds no context after the previous call's output: a model call starts with at \
+                 least one new token (e.g. the next message's header), else its output would \
+                 merge with the previous one into a single turn",
+            )
+            .with_code("no_new_context"));
+        }
         let b = self.spec.budgets;
         let mut prompt = if new_segment {
             Vec::new()
@@ -258,16 +277,18 @@ impl Capture {
         } else {
             (ids.to_vec(), true)
         };
-        self.last = None;
         let history = self.traj.messages.clone();
-        self.finish_prepare(
+        let p = self.finish_prepare(
+            "input_ids",
             context,
             new_segment,
             history,
             Vec::new(),
             Vec::new(),
             max_tokens,
-        )
+        )?;
+        self.last = None;
+        Ok(p)
     }
 
     /// The previous call and the new messages when `api` continues it.

@@ -233,3 +233,45 @@ fn budgets_fail_the_trajectory_as_in_process() {
     assert_eq!(e.code, Some("context_length_exceeded"));
     assert_eq!(cap.failure(), Some(FailureReason::ContextOverflow));
 }
+
+#[test]
+fn two_sample_calls_with_no_context_between_stay_two_turns() {
+    let (mut cap, _engine) = capture(BUDGETS);
+    let c = codec();
+    let prompt = c.encode_text("Query: wings").unwrap();
+    let p = cap.prepare_ids(&prompt, None).unwrap();
+    let done = said(c.as_ref(), "first", 1);
+    cap.record(p, &done, false, false, "").unwrap();
+    // The next call sends back exactly the segment so far: no context for a second turn.
+    let mut again = prompt.clone();
+    again.extend_from_slice(&done.tokens);
+    match cap.prepare_ids(&again, None) {
+        Err(e) => {
+            assert_eq!(
+                (e.status, e.param.as_deref()),
+                (400, Some("input_ids")),
+                "{}",
+                e.message
+            );
+            assert_eq!(cap.trajectory().turns, 1, "a refused call records nothing");
+        }
+        Ok(p2) => {
+            cap.record(p2, &said(c.as_ref(), "second", 2), false, false, "")
+                .unwrap();
+            let t = cap.trajectory();
+            assert_eq!(
+                t.sampled_runs().len(),
+                t.turns as usize,
+                "two model calls merged into one turn"
+            );
+        }
+    }
+    // One new context token is enough for a second turn.
+    again.push(prompt[0]);
+    let p2 = cap.prepare_ids(&again, None).unwrap();
+    cap.record(p2, &said(c.as_ref(), "second", 2), false, false, "")
+        .unwrap();
+    let t = cap.trajectory();
+    t.check().unwrap();
+    assert_eq!((t.turns, t.sampled_runs().len()), (2, 2));
+}
