@@ -89,11 +89,12 @@ pub struct Prepared {
 #[derive(Debug, Clone, Default)]
 pub struct Report {
     pub reward: Option<Reward>,
-    pub agent_failure: Option<String>,
+    /// The policy failed this way (trained with the failure reward).
+    pub agent_failure: Option<FailureReason>,
     pub metrics: Vec<(String, f64)>,
     pub completed: bool,
-    /// The agent itself failed (an exception, a 500 result): the attempt errors and is retried,
-    /// it is not scored.
+    /// The agent itself failed (`status: "failed"`, an exception, a 500 result): the attempt
+    /// errors and is retried, it is not scored.
     pub error: Option<String>,
 }
 
@@ -105,6 +106,9 @@ impl Report {
         }
         if r.failure.is_some() {
             self.agent_failure = r.failure;
+        }
+        if r.error.is_some() {
+            self.error = r.error;
         }
         if !r.metrics.is_empty() {
             self.metrics = r.metrics;
@@ -382,22 +386,18 @@ impl Capture {
     }
 
     /// The finished trajectory: the agent's reward, or `failure_reward` when a budget ran out or
-    /// the agent reported a failure; per-turn rewards when the agent gave one per call.
+    /// the agent named a policy failure; per-turn rewards when the agent gave one per call. An
+    /// error when the agent itself failed (`status: "failed"` without a reason): the attempt
+    /// is retried — unless this endpoint saw the policy spend a budget first, which an agent
+    /// that gave up on the refused call would only repeat.
     pub fn finish(&self, failure_reward: f64) -> Result<Trajectory, String> {
-        if let Some(e) = &self.report.error {
-            return Err(format!("the agent failed: {e}"));
-        }
         let mut t = self.traj.clone();
         t.scores = self.report.metrics.clone();
         if t.failure.is_none() {
-            if let Some(f) = &self.report.agent_failure {
-                t.failure = Some(
-                    FailureReason::ALL
-                        .into_iter()
-                        .find(|r| r.as_str() == f)
-                        .unwrap_or(FailureReason::NoAnswer),
-                );
+            if let Some(e) = &self.report.error {
+                return Err(format!("the agent failed: {e}"));
             }
+            t.failure = self.report.agent_failure;
         }
         if t.failure.is_some() {
             t.reward = failure_reward;

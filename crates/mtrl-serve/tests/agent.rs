@@ -1,6 +1,8 @@
 //! The rollout driver against agents over real HTTP on 127.0.0.1 (each agent a small server
 //! written here): every wait of an attempt is bounded — an agent that answers without ever
-//! calling `/complete-rollout`, one that never answers, a runtime dropped mid-call (Ctrl-C).
+//! calling `/complete-rollout`, one that never answers, a runtime dropped mid-call (Ctrl-C) —
+//! and an agent's `status: "failed"` is an infrastructure error (the attempt is retried), not a
+//! policy failure to train on.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -167,4 +169,28 @@ fn dropping_the_runtime_does_not_wait_for_an_agent_that_never_answers() {
     assert_eq!(s.gateway.health()["trajectories"], 0);
     s.engine.shutdown().unwrap();
     drop(held);
+}
+
+#[test]
+fn an_agent_reporting_status_failed_errs_the_attempt_for_a_retry() {
+    let rt = runtime();
+    let s = setup();
+    // The managed service's CompleteRollout status FAILED: the rollout hit an error and its
+    // trajectory must not be used.
+    let (_agent, url) = agent(&rt, json!({"status": "failed"}));
+    let d = driver(&s, &url, Duration::from_secs(10));
+    let r = rt.block_on(d.episode(s.cx.clone(), task(), EpisodeId::new(0, 0)));
+    let e = r
+        .expect_err("status failed must not become a trained trajectory")
+        .to_string();
+    assert!(e.contains("failed"), "{e}");
+    // A policy failure names its reason: a trajectory, scored with the failure reward.
+    let (_agent2, url2) = agent(&rt, json!({"status": "failed", "failure": "no_answer"}));
+    let d = driver(&s, &url2, Duration::from_secs(10));
+    let t = rt
+        .block_on(d.episode(s.cx.clone(), task(), EpisodeId::new(0, 1)))
+        .unwrap();
+    assert_eq!(t.failure, Some(mtrl_core::FailureReason::NoAnswer));
+    assert_eq!(t.reward, -1.0);
+    s.engine.shutdown().unwrap();
 }

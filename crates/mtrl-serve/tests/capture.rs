@@ -275,3 +275,47 @@ fn two_sample_calls_with_no_context_between_stay_two_turns() {
     t.check().unwrap();
     assert_eq!((t.turns, t.sampled_runs().len()), (2, 2));
 }
+
+#[test]
+fn status_failed_is_an_infrastructure_error_and_a_named_failure_a_policy_one() {
+    let (mut cap, _engine) = capture(BUDGETS);
+    // The managed service's CompleteRollout status FAILED: do not use the trajectory.
+    cap.report
+        .merge(request::reward_report(br#"{"status": "failed"}"#).unwrap());
+    let e = cap
+        .finish(-1.0)
+        .expect_err("status failed is not a trajectory to train on");
+    assert!(e.contains("failed"), "{e}");
+    // mtrl's `failure` names what the policy did wrong: trained with the failure reward.
+    let (mut cap, _engine) = capture(BUDGETS);
+    cap.report.merge(
+        request::reward_report(br#"{"status": "failed", "failure": "turn_limit"}"#).unwrap(),
+    );
+    let t = cap.finish(-1.0).unwrap();
+    assert_eq!(
+        (t.failure, t.reward),
+        (Some(FailureReason::TurnLimit), -1.0)
+    );
+    // A budget this endpoint saw the policy spend comes first: an agent that gave up on the
+    // refused call and reports "failed" would only repeat it on a retry.
+    let (mut cap, _engine) = capture(Budgets {
+        max_turns: 1,
+        ..BUDGETS
+    });
+    let c = codec();
+    let msgs = json!([{"role": "user", "content": "Query: wings"}]);
+    let p = cap.prepare(&api(msgs.clone()), &[], None).unwrap();
+    cap.record(p, &said(c.as_ref(), "a", 1), true, true, "0")
+        .unwrap();
+    assert!(cap.prepare(&api(msgs), &[], None).is_err());
+    cap.report
+        .merge(request::reward_report(br#"{"status": "failed"}"#).unwrap());
+    let t = cap.finish(-1.0).unwrap();
+    assert_eq!(
+        (t.failure, t.reward),
+        (Some(FailureReason::TurnLimit), -1.0)
+    );
+    // A reason mtrl does not know is refused by name, not trained as some other failure.
+    let e = request::reward_report(br#"{"failure": "tool_crashed"}"#).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("failure"), "{}", e.message);
+}
