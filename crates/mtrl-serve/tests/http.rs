@@ -160,6 +160,29 @@ fn the_surface_refuses_bad_calls_with_named_errors() {
         &auth,
     );
     assert_eq!((st, v["error"]["param"].as_str()), (400, Some("n")));
+    // What only the engine can check is still the client's error, named (was a 503).
+    let (st, v) = call(
+        &addr,
+        "/sample",
+        Some(r#"{"input_ids": [1, 4294967295]}"#),
+        &auth,
+    );
+    assert_eq!(
+        (st, v["error"]["param"].as_str()),
+        (400, Some("input_ids")),
+        "{v}"
+    );
+    let (st, v) = call(
+        &addr,
+        "/v1/completions",
+        Some(r#"{"prompt": "hi", "stop": "x"}"#),
+        &auth,
+    );
+    assert_eq!(
+        (st, v["error"]["param"].as_str()),
+        (400, Some("stop")),
+        "{v}"
+    );
     let big = format!(
         r#"{{"messages": [{{"role": "user", "content": "{}"}}]}}"#,
         "x".repeat(5000)

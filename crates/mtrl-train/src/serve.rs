@@ -51,7 +51,14 @@ pub fn serve_policy(opts: ServeOptions) -> Result<()> {
         &opts.device,
     )?;
     let window = policy.config().max_position_embeddings;
-    let engine = EngineThread::spawn(Engine::new(policy, None, 0, opts.max_batch)?)?;
+    // The engine gets the tokenizer too: a client's `stop` strings are matched on decoded text
+    // (without it every call with `stop` was refused as an engine failure).
+    let tok_dir = match &opts.tokenizer {
+        Some(t) if !opts.model.join("tokenizer.json").is_file() => t.as_path(),
+        _ => opts.model.as_path(),
+    };
+    let tokenizer = Arc::new(mtrl_model::Tokenizer::from_dir(tok_dir)?);
+    let engine = EngineThread::spawn(Engine::new(policy, Some(tokenizer), 0, opts.max_batch)?)?;
     let model = opts
         .model
         .canonicalize()
