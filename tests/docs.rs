@@ -180,7 +180,10 @@ fn context(key: &str) -> &'static str {
         }
         "train.val_tasks" | "train.val_metric" | "train.val_samples" => "val_every = 1\n",
         "logging.trajectory_tokens" => "trajectories = true\n",
-        "rollout.agent_protocol" | "rollout.agent_listen" | "rollout.agent_endpoint" => {
+        "rollout.agent_protocol"
+        | "rollout.agent_listen"
+        | "rollout.agent_endpoint"
+        | "rollout.agent_allow_remote" => {
             "environment = 'agent'\nagent_url = 'http://127.0.0.1:8080'\n"
         }
         _ => "",

@@ -15,17 +15,21 @@ use super::common::load_config;
 /// Flags both servers share.
 #[derive(clap::Args, Debug)]
 pub struct HttpArgs {
-    /// Address to listen on (loopback unless told otherwise; port 0 = any free port).
+    /// Address to listen on (a loopback address unless --allow-remote; port 0 = any free port).
     #[arg(long, default_value = "127.0.0.1:8000")]
     pub addr: String,
+    /// Let --addr be a non-loopback address (other machines can then connect); needs --token.
+    #[arg(long)]
+    pub allow_remote: bool,
     /// Require `Authorization: Bearer <TOKEN>` (default: the MTRL_SERVE_TOKEN variable, else
-    /// none). A live trajectory's id also authenticates the calls that name it.
+    /// none). A live trajectory's id also authenticates the calls that name it (only those).
     #[arg(long)]
     pub token: Option<String>,
-    /// Largest request body accepted, in bytes.
-    #[arg(long, default_value_t = 8 << 20)]
+    /// Largest request body accepted, in bytes (larger ones get 413).
+    #[arg(long, default_value_t = mtrl_serve::http::MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
-    /// A call running longer than this many seconds is answered 504.
+    /// Reading a request's body and serving it together may take this many seconds; then 408
+    /// (body still arriving) or 504.
     #[arg(long, default_value_t = 600.0)]
     pub request_timeout_s: f64,
 }
@@ -36,14 +40,31 @@ impl HttpArgs {
             self.request_timeout_s.is_finite() && self.request_timeout_s > 0.0,
             "--request-timeout-s must be > 0"
         );
+        let token = self
+            .token
+            .clone()
+            .or_else(|| std::env::var("MTRL_SERVE_TOKEN").ok())
+            .filter(|t| !t.is_empty());
+        // Hostnames are checked by the server once resolved; addresses here, naming the flags.
+        if let Ok(addr) = self.addr.parse::<std::net::SocketAddr>() {
+            anyhow::ensure!(
+                addr.ip().is_loopback() || self.allow_remote,
+                "--addr {} is not a loopback address: pass --allow-remote (and --token) to \
+                 serve other machines",
+                self.addr
+            );
+            anyhow::ensure!(
+                addr.ip().is_loopback() || token.is_some(),
+                "--allow-remote needs --token (or MTRL_SERVE_TOKEN): other machines would \
+                 reach the server unauthenticated"
+            );
+        }
         Ok(HttpOptions {
-            token: self
-                .token
-                .clone()
-                .or_else(|| std::env::var("MTRL_SERVE_TOKEN").ok())
-                .filter(|t| !t.is_empty()),
+            token,
+            allow_remote: self.allow_remote,
             max_body_bytes: self.max_body_bytes,
             request_timeout: Duration::from_secs_f64(self.request_timeout_s),
+            ..HttpOptions::default()
         })
     }
 }

@@ -10,6 +10,20 @@
 //! the captured ids, mask, log-probs and versions become the [`Trajectory`]. The trajectory is
 //! forgotten on every way out (done, error, timeout, cancellation), so a late call from the agent
 //! gets 404 and cannot touch another attempt.
+//!
+//! The agent's credential is its trajectory id (128 random bits, new per attempt), sent in the
+//! API-key slot (`metadata.trajectoryId` / `_config.api_key`, and as the bearer of our POST);
+//! the endpoint lets it act on that trajectory only.
+//!
+//! Every wait of an attempt is bounded by [`AgentSettings::timeout`] from the moment the task is
+//! sent: the POST (connect, send, answer), then, when the agent answered without a reward, the
+//! wait for its `/complete-rollout`. The POST runs on a thread of its own, not on the runtime's
+//! blocking pool, so an attempt dropped mid-call (a cancelled run, Ctrl-C) ends at once and a
+//! runtime being dropped never waits for an agent; the abandoned thread ends with the POST's
+//! own timeout.
+//!
+//! `status: "failed"` in an agent's answer or report is the agent's failure (retried), a named
+//! `failure` the policy's (trained): see [`crate::gateway`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,7 +74,8 @@ pub struct AgentSettings {
     pub failure_reward: f64,
     /// Names the run in the payload (`metadata.jobArn`).
     pub job: String,
-    /// Bounds one HTTP exchange with the agent (the episode's own timeout applies too).
+    /// Bounds one attempt: the POST to the agent and the wait for its `/complete-rollout`
+    /// together (the episode's own timeout applies too).
     pub timeout: Duration,
 }
 
@@ -193,21 +208,31 @@ impl Driver for AgentDriver {
                 sampling: Some(cx.sampling.clone()),
                 seeds: (cx.seed, id.group, id.seed_sample()),
                 session: session_key(cx.seed, id),
+                sampled_logprobs: cx.sampled_logprobs,
             };
             let (tid, done) = gateway.register(spec).map_err(|e| err(e.message))?;
             let _forget = Forget(gateway.clone(), tid.clone());
+            let deadline = tokio::time::Instant::now() + settings.timeout;
             let body = payload(&settings, &task, &tid, &cx);
             let (url, bearer, protocol) = (settings.url.clone(), tid.clone(), settings.protocol);
-            let sent =
-                tokio::task::spawn_blocking(move || post(&http, &url, &bearer, protocol, &body))
-                    .await
-                    .map_err(|e| err(format!("agent call task: {e}")))?;
+            let sent = off_runtime(move || post(&http, &url, &bearer, protocol, &body))
+                .map_err(|e| err(format!("agent call thread: {e}")))?
+                .await
+                .map_err(|_| err("agent call thread ended without an answer".into()))?;
             let response = sent.map_err(|m| err(format!("agent at {}: {m}", settings.url)))?;
             let report = response_report(&response, settings.protocol)
                 .map_err(|m| err(format!("agent response: {m}")))?;
             let completed = gateway.apply(&tid, report).await;
-            if !completed {
-                done.notified().await;
+            if !completed
+                && tokio::time::timeout_at(deadline, done.notified())
+                    .await
+                    .is_err()
+            {
+                return Err(err(format!(
+                    "the agent answered without a reward and did not call /complete-rollout \
+                     within {:.0} s of the task",
+                    settings.timeout.as_secs_f64()
+                )));
             }
             let cap = gateway
                 .take(&tid)
@@ -219,6 +244,21 @@ impl Driver for AgentDriver {
             Ok(t)
         })
     }
+}
+
+/// Runs `f` on a thread of its own; its result arrives on the receiver. Unlike
+/// `spawn_blocking`, no runtime waits for the thread: dropping the receiver abandons it.
+fn off_runtime<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::io::Result<tokio::sync::oneshot::Receiver<T>> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("mtrl-agent-call".into())
+        .spawn(move || {
+            // The attempt may be gone (cancelled): nobody to tell.
+            let _ = tx.send(f());
+        })?;
+    Ok(rx)
 }
 
 /// One POST to the agent; its JSON answer (`{}` for an empty body).

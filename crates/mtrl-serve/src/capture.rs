@@ -13,6 +13,12 @@
 //! - otherwise the agent rewrote its history: a new **segment** starts
 //!   (`Trajectory::segment_starts`), trained as a row of its own by the learner.
 //!
+//! Every call adds at least one context token: a call whose prompt is exactly the segment so
+//! far (a `/sample` sending back the last prompt and output) is refused (400 naming
+//! `input_ids` / `messages`), since its sampled ids would run on from the previous call's and
+//! the two turns would merge into one (`Trajectory::sampled_runs` tells turns apart by the
+//! context between them).
+//!
 //! Budgets, as in-process: a call beyond `max_turns` fails the trajectory (`turn_limit`); a
 //! completion that does not end its message within `max_tokens_per_turn` fails it
 //! (`token_limit`, or `context_overflow` when the context bound cut it short); a prompt that
@@ -53,6 +59,9 @@ pub struct Spec {
     pub seeds: (u64, u64, u64),
     /// Engine session: the conversation's keys/values stay resident between calls.
     pub session: u64,
+    /// Record each token's log-prob under the distribution it was drawn from (top-k / top-p
+    /// truncated), else under the full vocabulary (`rollout.behaviour_logprobs`).
+    pub sampled_logprobs: bool,
 }
 
 /// The previous call, to recognise a continuation.
@@ -83,11 +92,12 @@ pub struct Prepared {
 #[derive(Debug, Clone, Default)]
 pub struct Report {
     pub reward: Option<Reward>,
-    pub agent_failure: Option<String>,
+    /// The policy failed this way (trained with the failure reward).
+    pub agent_failure: Option<FailureReason>,
     pub metrics: Vec<(String, f64)>,
     pub completed: bool,
-    /// The agent itself failed (an exception, a 500 result): the attempt errors and is retried,
-    /// it is not scored.
+    /// The agent itself failed (`status: "failed"`, an exception, a 500 result): the attempt
+    /// errors and is retried, it is not scored.
     pub error: Option<String>,
 }
 
@@ -99,6 +109,9 @@ impl Report {
         }
         if r.failure.is_some() {
             self.agent_failure = r.failure;
+        }
+        if r.error.is_some() {
+            self.error = r.error;
         }
         if !r.metrics.is_empty() {
             self.metrics = r.metrics;
@@ -173,6 +186,7 @@ impl Capture {
             }
         };
         self.finish_prepare(
+            "messages",
             context,
             new_segment,
             history,
@@ -203,8 +217,11 @@ impl Capture {
     }
 
     /// The whole prompt and the call's token budget; a full context fails the trajectory.
+    /// `param` names the request field the prompt comes from.
+    #[allow(clippy::too_many_arguments)]
     fn finish_prepare(
         &mut self,
+        param: &'static str,
         context: Vec<u32>,
         new_segment: bool,
         history: Vec<Message>,
@@ -212,6 +229,15 @@ impl Capture {
         tools: Vec<Value>,
         max_tokens: Option<usize>,
     ) -> Result<Prepared, ApiError> {
+        if context.is_empty() {
+            return Err(ApiError::field(
+                param,
+                "adds no context after the previous call's output: a model call starts with at \
+                 least one new token (e.g. the next message's header), else its output would \
+                 merge with the previous one into a single turn",
+            )
+            .with_code("no_new_context"));
+        }
         let b = self.spec.budgets;
         let mut prompt = if new_segment {
             Vec::new()
@@ -258,16 +284,18 @@ impl Capture {
         } else {
             (ids.to_vec(), true)
         };
-        self.last = None;
         let history = self.traj.messages.clone();
-        self.finish_prepare(
+        let p = self.finish_prepare(
+            "input_ids",
             context,
             new_segment,
             history,
             Vec::new(),
             Vec::new(),
             max_tokens,
-        )
+        )?;
+        self.last = None;
+        Ok(p)
     }
 
     /// The previous call and the new messages when `api` continues it.
@@ -325,7 +353,8 @@ impl Capture {
         if self.traj.prompt_len == 0 {
             self.traj.prompt_len = self.traj.tokens.len();
         }
-        self.traj.push_sampled(&c.tokens, &c.logprobs, &c.versions);
+        let logprobs = c.behaviour_logprobs(self.spec.sampled_logprobs);
+        self.traj.push_sampled(&c.tokens, logprobs, &c.versions);
         self.traj.turns += 1;
         let (text, ended) = render::message_text(self.spec.codec.as_ref(), &c.tokens)?;
         if !ended {
@@ -361,22 +390,18 @@ impl Capture {
     }
 
     /// The finished trajectory: the agent's reward, or `failure_reward` when a budget ran out or
-    /// the agent reported a failure; per-turn rewards when the agent gave one per call.
+    /// the agent named a policy failure; per-turn rewards when the agent gave one per call. An
+    /// error when the agent itself failed (`status: "failed"` without a reason): the attempt
+    /// is retried — unless this endpoint saw the policy spend a budget first, which an agent
+    /// that gave up on the refused call would only repeat.
     pub fn finish(&self, failure_reward: f64) -> Result<Trajectory, String> {
-        if let Some(e) = &self.report.error {
-            return Err(format!("the agent failed: {e}"));
-        }
         let mut t = self.traj.clone();
         t.scores = self.report.metrics.clone();
         if t.failure.is_none() {
-            if let Some(f) = &self.report.agent_failure {
-                t.failure = Some(
-                    FailureReason::ALL
-                        .into_iter()
-                        .find(|r| r.as_str() == f)
-                        .unwrap_or(FailureReason::NoAnswer),
-                );
+            if let Some(e) = &self.report.error {
+                return Err(format!("the agent failed: {e}"));
             }
+            t.failure = self.report.agent_failure;
         }
         if t.failure.is_some() {
             t.reward = failure_reward;

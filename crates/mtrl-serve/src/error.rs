@@ -8,6 +8,9 @@ use serde_json::{json, Value};
 pub enum ServeError {
     #[error("cannot listen on {addr}: {message}")]
     Bind { addr: String, message: String },
+    /// A non-loopback listener without both the explicit permission and a bearer token.
+    #[error("refusing to listen on {addr}: it is not a loopback address and {missing}")]
+    Remote { addr: String, missing: &'static str },
     #[error("{0}")]
     Config(String),
     #[error("agent at {url}: {message}")]
@@ -69,6 +72,7 @@ impl ApiError {
         let kind = match self.status {
             400 | 413 | 422 => "invalid_request_error",
             401 => "authentication_error",
+            403 => "permission_error",
             404 => "not_found_error",
             408 | 504 => "timeout_error",
             503 => "service_unavailable",

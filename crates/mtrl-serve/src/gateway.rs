@@ -6,6 +6,20 @@
 //! trajectory are served one at a time (it is one sequence); different trajectories run
 //! concurrently and share the engine's decode batches. A call naming no trajectory is served by
 //! the standalone engine and recorded nowhere.
+//!
+//! A call acts on the one trajectory the HTTP layer says it names (`traj` below, every place
+//! that names one agreeing); a report whose `trajectoryId` names another is refused (403).
+//!
+//! Taking a trajectory ([`Gateway::take`]) empties its slot under the slot's lock: a call in
+//! flight finishes first, a call that arrives later finds it gone (404). Nothing depends on
+//! being the last holder of the slot.
+//!
+//! What an agent reports, in the managed service's terms: `status: "failed"` (CompleteRollout's
+//! FAILED: "the rollout encountered an error and the trajectory should not be used") is an
+//! infrastructure failure — the attempt errs and is retried (`rollout.max_retries`, counted
+//! against `max_failed_fraction`) and nothing is trained on it; a policy failure names its
+//! reason in mtrl's `failure` field (`turn_limit`, `no_answer`, …) and is trained with the
+//! failure reward, whatever `status` says.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -36,8 +50,14 @@ pub struct Served {
     pub version: Arc<mtrl_rollout::EngineStats>,
 }
 
+/// A trajectory's record; `None` once taken.
+type Shared = Arc<tokio::sync::Mutex<Option<Capture>>>;
+
+/// A trajectory's record, locked for one call.
+pub(crate) type Held = tokio::sync::OwnedMappedMutexGuard<Option<Capture>, Capture>;
+
 struct Slot {
-    cap: Arc<tokio::sync::Mutex<Capture>>,
+    cap: Shared,
     done: Arc<Notify>,
 }
 
@@ -59,6 +79,10 @@ pub struct Gateway {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn unknown(id: &str) -> ApiError {
+    ApiError::status(404, format!("unknown trajectory `{id}`")).with_code("unknown_trajectory")
 }
 
 /// A fresh trajectory id: `mtrl-` and 128 random bits (it doubles as the bearer credential of
@@ -101,29 +125,41 @@ impl Gateway {
         slots.insert(
             id.clone(),
             Slot {
-                cap: Arc::new(tokio::sync::Mutex::new(Capture::new(spec))),
+                cap: Arc::new(tokio::sync::Mutex::new(Some(Capture::new(spec)))),
                 done: done.clone(),
             },
         );
         Ok((id, done))
     }
 
-    /// Removes a trajectory and returns its record (waits for a call in flight to finish).
+    /// Removes a trajectory and returns its record (waits for a call in flight to finish; a
+    /// call waiting behind it then finds the trajectory gone).
     pub async fn take(&self, id: &str) -> Option<Capture> {
         let slot = lock(&self.slots).remove(id)?;
-        let cap = slot.cap.lock().await;
-        let spec = cap.spec.clone();
-        drop(cap);
-        spec.gen.release(spec.session);
-        Arc::try_unwrap(slot.cap).ok().map(|m| m.into_inner())
+        let cap = slot.cap.lock().await.take()?;
+        cap.spec.gen.release(cap.spec.session);
+        Some(cap)
     }
 
-    /// Drops a trajectory at once, whatever it is doing (a call in flight finishes unrecorded).
+    /// Drops a trajectory at once, whatever it is doing: later calls get 404; a call in flight
+    /// finishes unrecorded, and the engine session is released after it.
     pub fn forget(&self, id: &str) {
-        let slot = lock(&self.slots).remove(id);
-        if let Some(slot) = slot {
-            if let Ok(cap) = slot.cap.try_lock() {
+        let Some(slot) = lock(&self.slots).remove(id) else {
+            return;
+        };
+        fn release(cap: &mut Option<Capture>) {
+            if let Some(cap) = cap.take() {
                 cap.spec.gen.release(cap.spec.session);
+            }
+        }
+        match slot.cap.clone().try_lock_owned() {
+            Ok(mut cap) => release(&mut cap),
+            // Not from a runtime (or one shutting down): the session stays parked until the
+            // engine stops.
+            Err(_) => {
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    rt.spawn(async move { release(&mut *slot.cap.lock().await) });
+                }
             }
         }
     }
@@ -132,10 +168,9 @@ impl Gateway {
     /// returns whether the rollout is over: completed, a reward or failure known, or a budget
     /// spent. `false`: the agent answered before reporting — wait for `/complete-rollout`.
     pub async fn apply(&self, id: &str, r: request::RewardReport) -> bool {
-        let Ok((cap, _)) = self.slot(id) else {
+        let Ok((mut cap, _)) = self.open(id).await else {
             return true;
         };
-        let mut cap = cap.lock().await;
         if !cap.report.completed {
             cap.report.merge(r);
         }
@@ -143,6 +178,7 @@ impl Gateway {
         rep.completed
             || rep.reward.is_some()
             || rep.agent_failure.is_some()
+            || rep.error.is_some()
             || cap.failure().is_some()
     }
 
@@ -161,14 +197,16 @@ impl Gateway {
         lock(&self.slots).contains_key(id)
     }
 
-    fn slot(&self, id: &str) -> Result<(Arc<tokio::sync::Mutex<Capture>>, Arc<Notify>), ApiError> {
-        lock(&self.slots)
+    /// Trajectory `id`, locked (after a call of it in flight), with its completion signal.
+    pub(crate) async fn open(&self, id: &str) -> Result<(Held, Arc<Notify>), ApiError> {
+        let (cap, done) = lock(&self.slots)
             .get(id)
             .map(|s| (s.cap.clone(), s.done.clone()))
-            .ok_or_else(|| {
-                ApiError::status(404, format!("unknown trajectory `{id}`"))
-                    .with_code("unknown_trajectory")
-            })
+            .ok_or_else(|| unknown(id))?;
+        // Taken while this call waited for the lock: gone, as for a call arriving later.
+        let held = tokio::sync::OwnedMutexGuard::try_map(cap.lock_owned().await, Option::as_mut)
+            .map_err(|_| unknown(id))?;
+        Ok((held, done))
     }
 
     fn served(&self) -> Result<&Served, ApiError> {
@@ -201,16 +239,16 @@ impl Gateway {
         complete: bool,
     ) -> Result<Body, ApiError> {
         let r = request::reward_report(body)?;
-        let id = r
-            .trajectory
-            .as_deref()
-            .or(traj)
-            .ok_or_else(|| {
-                ApiError::field("trajectoryId", "is required (or the trajectory header)")
-            })?
-            .to_string();
-        let (cap, done) = self.slot(&id)?;
-        let mut cap = cap.lock().await;
+        let id = crate::http::one_trajectory(&[
+            ("the call", traj),
+            ("`trajectoryId`", r.trajectory.as_deref()),
+        ])
+        .map_err(|mut e| {
+            e.param = Some("trajectoryId".into());
+            e
+        })?
+        .ok_or_else(|| ApiError::field("trajectoryId", "is required (or the trajectory header)"))?;
+        let (mut cap, done) = self.open(&id).await?;
         if cap.report.completed {
             return Err(ApiError::status(
                 409,
@@ -234,8 +272,7 @@ impl Gateway {
             ApiError::bad_request("expected /s3/<bucket>/<exp_id>/<input_id>/<session>.json")
         })?;
         let v = request::object(body)?;
-        let (cap, done) = self.slot(id)?;
-        let mut cap = cap.lock().await;
+        let (mut cap, done) = self.open(id).await?;
         if cap.report.completed {
             return Err(ApiError::status(
                 409,
@@ -278,14 +315,14 @@ impl Gateway {
             sampling: None,
             seeds: (0, 0, 0),
             session,
+            sampled_logprobs: true,
         })?;
         Ok(Body::Json(json!({"id": id})))
     }
 
     /// `GET /trajectories/<id>`: the captured record.
     pub async fn get(&self, id: &str) -> Result<Body, ApiError> {
-        let (cap, _) = self.slot(id)?;
-        let cap = cap.lock().await;
+        let (cap, _) = self.open(id).await?;
         let mut v = serde_json::to_value(cap.trajectory())
             .map_err(|e| ApiError::status(500, e.to_string()))?;
         v["completed"] = json!(cap.report.completed);
@@ -294,8 +331,62 @@ impl Gateway {
 
     /// `DELETE /trajectories/<id>`.
     pub async fn delete(&self, id: &str) -> Result<Body, ApiError> {
-        self.slot(id)?;
-        self.take(id).await;
+        self.take(id).await.ok_or_else(|| unknown(id))?;
         Ok(Body::Json(json!({"id": id, "deleted": true})))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use candle_core::{DType, Device};
+    use mtrl_model::{Engine, Policy, TemplateCodec, Tokenizer};
+    use mtrl_rollout::engine_thread::EngineThread;
+
+    use super::*;
+
+    fn spec(engine: &EngineThread) -> Spec {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-qwen3");
+        let tok = Tokenizer::from_dir(&dir).unwrap();
+        Spec {
+            task_id: "t".into(),
+            gen: engine.client.clone(),
+            codec: Arc::new(TemplateCodec::qwen(Arc::new(tok)).unwrap()),
+            model: "tiny".into(),
+            budgets: Budgets {
+                max_turns: 2,
+                max_tokens_per_turn: 4,
+                max_context_tokens: 64,
+            },
+            sampling: None,
+            seeds: (0, 0, 0),
+            session: 1,
+            sampled_logprobs: true,
+        }
+    }
+
+    #[test]
+    fn take_returns_the_record_while_another_task_still_holds_the_slot() {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-qwen3");
+        let policy = Policy::load(&dir, DType::F32, &Device::Cpu).unwrap();
+        let engine = EngineThread::spawn(Engine::new(policy, None, 0, 2).unwrap()).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let g = Gateway::new(None);
+        let (id, _) = g.register(spec(&engine)).unwrap();
+        // A call that has released its guard but not yet its handle on the slot (the moment
+        // right after a call on another worker finishes).
+        let held = lock(&g.slots)[&id].cap.clone();
+        let taken = rt.block_on(g.take(&id));
+        assert!(
+            taken.is_some(),
+            "take lost the record to a handle being dropped"
+        );
+        assert_eq!(taken.unwrap().spec.task_id, "t");
+        drop(held);
+        assert!(rt.block_on(g.take(&id)).is_none(), "taken once");
+        engine.shutdown().unwrap();
     }
 }

@@ -8,9 +8,11 @@
 //! - [`agent`]: the rollout [`mtrl_rollout::Driver`] that dispatches tasks to the user's agent
 //!   (`sagemaker` or `agentcore-toolkit` protocol);
 //! - [`tools`]: `mtrl serve-tools`, a config's search tools over HTTP;
-//! - [`http`]: the shared HTTP surface (loopback by default, bearer token, size and time
-//!   limits, graceful shutdown); [`request`]: the request parser (fuzzed), [`render`],
-//!   [`openai`]: the wire shapes.
+//! - [`http`]: the shared HTTP surface (loopback unless allowed and token-protected, bearer
+//!   token, one trajectory per call, body-size and time limits, bounded graceful shutdown);
+//!   [`request`]: the request parser, [`render`], [`openai`]: the wire shapes. Both the parsers
+//!   (`tests/request_fuzz.rs`) and the servers over real sockets (`tests/http_fuzz/`) are
+//!   fuzzed.
 //!
 //! Invariant: this crate never depends on `mtrl-learner`, `mtrl-eval` or `mtrl-train`; the
 //! trainer reaches it through `mtrl-rollout`'s `Driver`.

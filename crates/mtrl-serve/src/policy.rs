@@ -1,4 +1,7 @@
-//! The policy endpoint's routes over the [`Gateway`].
+//! The policy endpoint's routes over the [`Gateway`]. Routes that carry a trajectory id in
+//! their path (`/trajectories/<id>`, `/s3/…/<id>/…`) declare it through
+//! [`Service::path_trajectory`], so the HTTP layer holds it to the id the call is
+//! authenticated as.
 
 use axum::http::Method;
 
@@ -47,8 +50,13 @@ impl Service for Gateway {
         self.is_known(id)
     }
 
-    /// `PUT /s3/<bucket>/<exp_id>/<input_id>/<session>.json`: the input id is the trajectory.
+    /// `/trajectories/<id>`; `PUT /s3/<bucket>/<exp_id>/<input_id>/<session>.json`: the input
+    /// id is the trajectory.
     fn path_trajectory(&self, path: &str) -> Option<String> {
+        let path = path.trim_end_matches('/');
+        if let Some(id) = path.strip_prefix("/trajectories/") {
+            return Some(id.to_string());
+        }
         let parts: Vec<&str> = path.strip_prefix("/s3/")?.split('/').collect();
         (parts.len() == 4).then(|| parts[2].to_string())
     }

@@ -3,6 +3,7 @@
 //! `tests/request_fuzz.rs`). Unknown top-level fields are refused by name, except those listed
 //! as accepted-and-ignored in [`IGNORED`], so a client's setting is never silently dropped.
 
+use mtrl_core::FailureReason;
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
@@ -96,8 +97,12 @@ pub struct RewardReport {
     pub trajectory: Option<String>,
     /// One scalar, or one per model call.
     pub reward: Option<Reward>,
-    /// `status: "failed"` on complete-rollout, or an mtrl `failure` reason name.
-    pub failure: Option<String>,
+    /// A policy failure: mtrl's `failure` field, a [`FailureReason`] name (trained with the
+    /// failure reward).
+    pub failure: Option<FailureReason>,
+    /// An infrastructure failure: `status: "failed"` without a `failure` reason (the managed
+    /// service's "do not use this trajectory"; the attempt is retried).
+    pub error: Option<String>,
     /// Named figures (e.g. `ndcg@10`), kept as the trajectory's scores.
     pub metrics: Vec<(String, f64)>,
 }
@@ -189,7 +194,8 @@ pub fn sample(body: &[u8]) -> Result<SampleRequest, ApiError> {
 }
 
 /// Parses `POST /update-reward` and `POST /complete-rollout` (service names `trajectoryId`,
-/// `reward`, `status`; mtrl's `failure` and `metrics`).
+/// `reward`, `status`; mtrl's `failure` and `metrics`). `status: "failed"` alone is the agent's
+/// failure (an error, retried); `failure: "<reason>"` the policy's (trained).
 pub fn reward_report(body: &[u8]) -> Result<RewardReport, ApiError> {
     let map = object(body)?;
     let mut keys = vec!["trajectoryId", "trajectory_id"];
@@ -230,22 +236,42 @@ pub fn reward_fields(map: &Map<String, Value>) -> Result<RewardReport, ApiError>
             ))
         }
     };
-    let failure = match (f.str("status")?, f.str("failure")?) {
-        (_, Some(r)) => Some(r.to_string()),
-        (Some("failed" | "failure" | "error"), None) => Some("agent_failed".to_string()),
+    let failure = match f.str("failure")? {
+        None => None,
+        Some(name) => Some(
+            FailureReason::ALL
+                .into_iter()
+                .find(|r| r.as_str() == name)
+                .ok_or_else(|| {
+                    let names: Vec<&str> = FailureReason::ALL.iter().map(|r| r.as_str()).collect();
+                    ApiError::field(
+                        "failure",
+                        format!("unknown failure `{name}` (one of {})", names.join(", ")),
+                    )
+                })?,
+        ),
+    };
+    let status = f.str("status")?;
+    let failed = match status.map(str::to_ascii_lowercase).as_deref() {
+        Some("failed" | "failure" | "error") => true,
         // `processing` / `in_progress`: the agent runs on and reports through the routes.
-        (
-            Some("success" | "succeeded" | "completed" | "ok" | "processing" | "in_progress"),
-            None,
+        Some(
+            "ready" | "success" | "succeeded" | "completed" | "ok" | "processing" | "in_progress",
         )
-        | (None, None) => None,
-        (Some(s), None) => {
+        | None => false,
+        Some(_) => {
             return Err(ApiError::field(
                 "status",
-                format!("unknown status `{s}` (success or failed)"),
+                format!(
+                    "unknown status `{}` (ready or failed)",
+                    status.unwrap_or_default()
+                ),
             ))
         }
     };
+    // A named failure is the policy's, whatever the status; a bare "failed" is the agent's.
+    let error = (failed && failure.is_none())
+        .then(|| "the agent reported status \"failed\" (the rollout hit an error)".to_string());
     let metrics = match f.get("metrics") {
         None => Vec::new(),
         Some(v) => as_object(v, "metrics")?
@@ -257,6 +283,7 @@ pub fn reward_fields(map: &Map<String, Value>) -> Result<RewardReport, ApiError>
         trajectory,
         reward,
         failure,
+        error,
         metrics,
     })
 }
@@ -323,7 +350,14 @@ mod tests {
         let r = reward_report(br#"{"trajectoryId": "t", "reward": [0.5, 1]}"#).unwrap();
         assert_eq!(r.reward, Some(Reward::PerTurn(vec![0.5, 1.0])));
         let r = reward_report(br#"{"status": "failed"}"#).unwrap();
-        assert_eq!(r.failure.as_deref(), Some("agent_failed"));
+        assert_eq!(r.failure, None);
+        assert!(r.error.unwrap().contains("failed"));
+        let r = reward_report(br#"{"status": "FAILED", "failure": "no_answer"}"#).unwrap();
+        assert_eq!((r.failure, r.error), (Some(FailureReason::NoAnswer), None));
+        let r = reward_report(br#"{"status": "READY", "reward": 1}"#).unwrap();
+        assert_eq!((r.failure, r.error), (None, None));
+        let e = err(reward_report(br#"{"failure": "agent_failed"}"#));
+        assert_eq!(e.param.as_deref(), Some("failure"));
         let e = err(reward_report(br#"{"reward": "high"}"#));
         assert_eq!(e.param.as_deref(), Some("reward"));
         let e = err(sample(br#"{"input_ids": [1, -2]}"#));

@@ -36,6 +36,7 @@ fn capture(budgets: Budgets) -> (Capture, EngineThread) {
         sampling: None,
         seeds: (0, 0, 0),
         session: 1,
+        sampled_logprobs: true,
     };
     (Capture::new(spec), engine)
 }
@@ -232,4 +233,90 @@ fn budgets_fail_the_trajectory_as_in_process() {
     let e = cap.prepare(&api(msgs), &[], None).err().unwrap();
     assert_eq!(e.code, Some("context_length_exceeded"));
     assert_eq!(cap.failure(), Some(FailureReason::ContextOverflow));
+}
+
+#[test]
+fn two_sample_calls_with_no_context_between_stay_two_turns() {
+    let (mut cap, _engine) = capture(BUDGETS);
+    let c = codec();
+    let prompt = c.encode_text("Query: wings").unwrap();
+    let p = cap.prepare_ids(&prompt, None).unwrap();
+    let done = said(c.as_ref(), "first", 1);
+    cap.record(p, &done, false, false, "").unwrap();
+    // The next call sends back exactly the segment so far: no context for a second turn.
+    let mut again = prompt.clone();
+    again.extend_from_slice(&done.tokens);
+    match cap.prepare_ids(&again, None) {
+        Err(e) => {
+            assert_eq!(
+                (e.status, e.param.as_deref()),
+                (400, Some("input_ids")),
+                "{}",
+                e.message
+            );
+            assert_eq!(cap.trajectory().turns, 1, "a refused call records nothing");
+        }
+        Ok(p2) => {
+            cap.record(p2, &said(c.as_ref(), "second", 2), false, false, "")
+                .unwrap();
+            let t = cap.trajectory();
+            assert_eq!(
+                t.sampled_runs().len(),
+                t.turns as usize,
+                "two model calls merged into one turn"
+            );
+        }
+    }
+    // One new context token is enough for a second turn.
+    again.push(prompt[0]);
+    let p2 = cap.prepare_ids(&again, None).unwrap();
+    cap.record(p2, &said(c.as_ref(), "second", 2), false, false, "")
+        .unwrap();
+    let t = cap.trajectory();
+    t.check().unwrap();
+    assert_eq!((t.turns, t.sampled_runs().len()), (2, 2));
+}
+
+#[test]
+fn status_failed_is_an_infrastructure_error_and_a_named_failure_a_policy_one() {
+    let (mut cap, _engine) = capture(BUDGETS);
+    // The managed service's CompleteRollout status FAILED: do not use the trajectory.
+    cap.report
+        .merge(request::reward_report(br#"{"status": "failed"}"#).unwrap());
+    let e = cap
+        .finish(-1.0)
+        .expect_err("status failed is not a trajectory to train on");
+    assert!(e.contains("failed"), "{e}");
+    // mtrl's `failure` names what the policy did wrong: trained with the failure reward.
+    let (mut cap, _engine) = capture(BUDGETS);
+    cap.report.merge(
+        request::reward_report(br#"{"status": "failed", "failure": "turn_limit"}"#).unwrap(),
+    );
+    let t = cap.finish(-1.0).unwrap();
+    assert_eq!(
+        (t.failure, t.reward),
+        (Some(FailureReason::TurnLimit), -1.0)
+    );
+    // A budget this endpoint saw the policy spend comes first: an agent that gave up on the
+    // refused call and reports "failed" would only repeat it on a retry.
+    let (mut cap, _engine) = capture(Budgets {
+        max_turns: 1,
+        ..BUDGETS
+    });
+    let c = codec();
+    let msgs = json!([{"role": "user", "content": "Query: wings"}]);
+    let p = cap.prepare(&api(msgs.clone()), &[], None).unwrap();
+    cap.record(p, &said(c.as_ref(), "a", 1), true, true, "0")
+        .unwrap();
+    assert!(cap.prepare(&api(msgs), &[], None).is_err());
+    cap.report
+        .merge(request::reward_report(br#"{"status": "failed"}"#).unwrap());
+    let t = cap.finish(-1.0).unwrap();
+    assert_eq!(
+        (t.failure, t.reward),
+        (Some(FailureReason::TurnLimit), -1.0)
+    );
+    // A reason mtrl does not know is refused by name, not trained as some other failure.
+    let e = request::reward_report(br#"{"failure": "tool_crashed"}"#).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("failure"), "{}", e.message);
 }

@@ -4,10 +4,18 @@
 //! One [`AgentHost`] per process: one listening endpoint (`rollout.agent_listen`) whose
 //! trajectories each carry the engine, codec and budgets they are served by, so the training
 //! engine, the validation engine and each evaluated policy share it.
+//!
+//! The endpoint always requires credentials: a token generated per process (never written
+//! anywhere; the run's own handle) or, what agents use, a live trajectory's id — sent to each
+//! agent in the API-key slot and good for that trajectory's calls only. A non-loopback
+//! `agent_listen` needs `rollout.agent_allow_remote = true` (config validation). Shutdown is
+//! bounded: in-flight calls get the server's grace (10 s), then the endpoint's runtime is
+//! dropped without waiting further.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use mtrl_core::config::AgentConfig;
 use mtrl_core::{ChatCodec, Config};
 use mtrl_rollout::Driver;
 use mtrl_serve::{AgentDriver, AgentSettings, Budgets, Gateway, HttpOptions, Protocol, Server};
@@ -39,11 +47,7 @@ impl AgentHost {
             .build()?;
         let gateway = Arc::new(Gateway::new(None));
         let server = rt
-            .block_on(Server::start(
-                &a.listen,
-                gateway.clone(),
-                HttpOptions::default(),
-            ))
+            .block_on(Server::start(&a.listen, gateway.clone(), http_options(a)))
             .map_err(|e| TrainError::msg(format!("rollout.agent_listen: {e}")))?;
         let endpoint = a
             .endpoint
@@ -102,13 +106,24 @@ impl AgentHost {
         self.gateway.take_latencies()
     }
 
-    /// Stops the endpoint (in-flight calls finish first).
+    /// Stops the endpoint: in-flight calls get the server's shutdown grace to finish, then
+    /// whatever is left is dropped (bounded, whatever the agents do).
     pub fn shutdown(mut self) {
         if let Some(s) = self.server.take() {
             if let Err(e) = self.rt.block_on(s.shutdown()) {
                 eprintln!("warning: policy endpoint: {e}");
             }
         }
+        self.rt.shutdown_timeout(Duration::from_secs(1));
+    }
+}
+
+/// The endpoint's HTTP options: a fresh run token always, a remote bind only when allowed.
+fn http_options(a: &AgentConfig) -> HttpOptions {
+    HttpOptions {
+        token: Some(mtrl_serve::http::new_token()),
+        allow_remote: a.allow_remote,
+        ..HttpOptions::default()
     }
 }
 
@@ -138,5 +153,42 @@ mod tests {
         let h = host("agent_endpoint = 'http://trainer.internal:8000'\n");
         assert_eq!(h.endpoint(), "http://trainer.internal:8000");
         h.shutdown();
+    }
+
+    #[test]
+    fn the_endpoint_requires_credentials_and_remote_binds_are_opt_in() {
+        let h = host("");
+        // Nothing is served to a caller with neither the run token nor a live trajectory id.
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let resp = agent
+            .get(format!("{}/v1/models", h.endpoint()))
+            .call()
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 401);
+        h.shutdown();
+        let cfg = |extra: &str| {
+            let text = format!(
+                "[rollout]\nenvironment = 'agent'\nagent_url = 'http://127.0.0.1:9/'\n{extra}"
+            );
+            Config::from_toml_str(&text, Path::new("configs/a.toml"))
+                .unwrap()
+                .rollout
+                .agent
+                .unwrap()
+        };
+        let local = http_options(&cfg(""));
+        assert!(local.token.is_some() && !local.allow_remote);
+        assert_ne!(
+            local.token,
+            http_options(&cfg("")).token,
+            "a fresh token per run"
+        );
+        let remote = http_options(&cfg(
+            "agent_listen = '0.0.0.0:8000'\nagent_allow_remote = true\n",
+        ));
+        assert!(remote.token.is_some() && remote.allow_remote);
     }
 }

@@ -1,9 +1,12 @@
 //! `mtrl serve` (the policy endpoint on a checkpoint) and `mtrl serve-tools` (a config's search
 //! tools), run until Ctrl-C / SIGTERM, then drained: the listener stops accepting and in-flight
-//! calls finish before the engine stops.
+//! calls finish before the engine stops. The drain is bounded: calls get the server's shutdown
+//! grace (10 s), then the runtime is dropped without waiting more than [`EXIT_WAIT`] for a tool
+//! call still running on its blocking pool.
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use candle_core::{DType, Device};
 use mtrl_core::{Config, EnvConfig};
@@ -29,6 +32,9 @@ pub struct ServeOptions {
     pub on_listen: Box<dyn FnOnce(std::net::SocketAddr) + Send>,
 }
 
+/// How long a stopping server waits for blocking work (a tool call) past the drain.
+pub const EXIT_WAIT: Duration = Duration::from_secs(1);
+
 fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -45,7 +51,14 @@ pub fn serve_policy(opts: ServeOptions) -> Result<()> {
         &opts.device,
     )?;
     let window = policy.config().max_position_embeddings;
-    let engine = EngineThread::spawn(Engine::new(policy, None, 0, opts.max_batch)?)?;
+    // The engine gets the tokenizer too: a client's `stop` strings are matched on decoded text
+    // (without it every call with `stop` was refused as an engine failure).
+    let tok_dir = match &opts.tokenizer {
+        Some(t) if !opts.model.join("tokenizer.json").is_file() => t.as_path(),
+        _ => opts.model.as_path(),
+    };
+    let tokenizer = Arc::new(mtrl_model::Tokenizer::from_dir(tok_dir)?);
+    let engine = EngineThread::spawn(Engine::new(policy, Some(tokenizer), 0, opts.max_batch)?)?;
     let model = opts
         .model
         .canonicalize()
@@ -78,6 +91,7 @@ pub fn serve_policy(opts: ServeOptions) -> Result<()> {
     let stop = server.stopper();
     let _signals = on_signal(move || stop.cancel());
     let served = rt.block_on(server.wait());
+    rt.shutdown_timeout(EXIT_WAIT);
     let stopped = engine.shutdown();
     served?;
     stopped?;
@@ -110,6 +124,7 @@ pub fn serve_tools(
     on_listen(server.addr);
     let stop = server.stopper();
     let _signals = on_signal(move || stop.cancel());
-    rt.block_on(server.wait())?;
-    Ok(())
+    let served = rt.block_on(server.wait());
+    rt.shutdown_timeout(EXIT_WAIT);
+    Ok(served?)
 }

@@ -16,7 +16,10 @@
 //!                                # "agent": the user's agent over HTTP (mtrl-serve)
 //! agent_url = "http://127.0.0.1:8080/invocations"   # environment = "agent": where tasks go
 //! agent_protocol = "sagemaker"   # or "agentcore-toolkit"
-//! agent_listen = "127.0.0.1:0"   # where the policy endpoint listens (0 = any free port)
+//! agent_listen = "127.0.0.1:0"   # where the policy endpoint listens (0 = any free port); a
+//!                                # non-loopback address needs agent_allow_remote = true
+//! agent_allow_remote = false     # let agents on other machines reach the endpoint (calls are
+//!                                # authenticated either way: an agent by its trajectory id)
 //! agent_endpoint = "http://…"    # the endpoint's URL as the agent reaches it (default: the
 //!                                # address listened on)
 //! timeout_s = 600.0              # an episode running longer fails (and is retried); 0 = none
@@ -55,6 +58,7 @@ pub struct RolloutSpec {
     pub agent_url: Option<String>,
     pub agent_protocol: Option<String>,
     pub agent_listen: Option<String>,
+    pub agent_allow_remote: Option<bool>,
     pub agent_endpoint: Option<String>,
     pub weight_sync: Option<String>,
     pub behaviour_logprobs: Option<String>,
@@ -131,6 +135,8 @@ pub struct AgentConfig {
     /// `sagemaker` or `agentcore-toolkit`.
     pub protocol: String,
     pub listen: String,
+    /// `listen` may be a non-loopback address.
+    pub allow_remote: bool,
     pub endpoint: Option<String>,
 }
 
@@ -269,6 +275,7 @@ fn agent(spec: &RolloutSpec, env: EnvironmentKind, ctx: &Ctx<'_>) -> Result<Opti
             ("agent_url", spec.agent_url.is_some()),
             ("agent_protocol", spec.agent_protocol.is_some()),
             ("agent_listen", spec.agent_listen.is_some()),
+            ("agent_allow_remote", spec.agent_allow_remote.is_some()),
             ("agent_endpoint", spec.agent_endpoint.is_some()),
         ] {
             if set {
@@ -306,16 +313,27 @@ fn agent(spec: &RolloutSpec, env: EnvironmentKind, ctx: &Ctx<'_>) -> Result<Opti
         .agent_listen
         .clone()
         .unwrap_or_else(|| "127.0.0.1:0".into());
-    if listen.parse::<std::net::SocketAddr>().is_err() {
+    let Ok(addr) = listen.parse::<std::net::SocketAddr>() else {
         return Err(ctx.invalid(
             "rollout.agent_listen",
             format!("`{listen}` is not an address like 127.0.0.1:8000"),
+        ));
+    };
+    let allow_remote = spec.agent_allow_remote.unwrap_or(false);
+    if !addr.ip().is_loopback() && !allow_remote {
+        return Err(ctx.invalid(
+            "rollout.agent_listen",
+            format!(
+                "`{listen}` is not a loopback address: set rollout.agent_allow_remote = true to \
+                 let agents on other machines reach the policy endpoint"
+            ),
         ));
     }
     Ok(Some(AgentConfig {
         url,
         protocol,
         listen,
+        allow_remote,
         endpoint: spec.agent_endpoint.clone(),
     }))
 }
@@ -340,6 +358,29 @@ mod tests {
         assert_eq!(c.rollout.behaviour_logprobs, BehaviourLogprobs::Full);
         let e = load("[rollout]\nbehaviour_logprobs = \"trunc\"\n").unwrap_err();
         assert!(e.to_string().contains("rollout.behaviour_logprobs"), "{e}");
+    }
+
+    #[test]
+    fn a_remote_agent_listen_needs_agent_allow_remote() {
+        let agent = "[rollout]\nenvironment = \"agent\"\nagent_url = \"http://127.0.0.1:9\"\n";
+        let local = load(&format!("{agent}agent_listen = \"127.0.0.1:0\"\n")).unwrap();
+        assert!(!local.rollout.agent.unwrap().allow_remote);
+        let msg = load(&format!("{agent}agent_listen = \"0.0.0.0:8000\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("rollout.agent_listen") && msg.contains("rollout.agent_allow_remote"),
+            "{msg}"
+        );
+        let remote = load(&format!(
+            "{agent}agent_listen = \"0.0.0.0:8000\"\nagent_allow_remote = true\n"
+        ))
+        .unwrap();
+        assert!(remote.rollout.agent.unwrap().allow_remote);
+        let msg = load("[rollout]\nagent_allow_remote = true\n")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("rollout.agent_allow_remote"), "{msg}");
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use mtrl_core::ChatCodec;
 use mtrl_model::{Completion, GenerationRequest, SamplingParams};
-use mtrl_rollout::GenClient;
+use mtrl_rollout::{GenClient, RolloutError};
 use serde_json::json;
 
 use super::{new_id, Body, Gateway, Served};
@@ -33,13 +33,13 @@ impl Gateway {
                     ));
                 }
                 let t0 = std::time::Instant::now();
-                let (cap, _) = self.slot(t)?;
-                let mut cap = cap.lock().await;
+                let (mut cap, _) = self.open(t).await?;
                 let p = cap.prepare(&req.messages, &req.tools, req.sampling.max_tokens)?;
                 let prompt = p.prompt.clone();
                 let sampling = cap.sampling(client_sampling(&req.sampling));
                 let spec = cap.spec.clone();
                 let c = generate(
+                    "messages",
                     &spec.gen,
                     &spec.codec,
                     prompt.clone(),
@@ -75,7 +75,10 @@ impl Gateway {
                     .map_err(|e| ApiError::bad_request(e.to_string()))?;
                 let max_new = room(&s, prompt.len(), req.sampling.max_tokens)?;
                 let mut out = Vec::new();
-                for c in self.sample_n(&s, &prompt, &req.sampling, max_new).await? {
+                for c in self
+                    .sample_n("messages", &s, &prompt, &req.sampling, max_new)
+                    .await?
+                {
                     let text = decode_body(&s.codec, &c)?;
                     let reply = render::reply(
                         &text.0,
@@ -124,6 +127,7 @@ impl Gateway {
 
     async fn sample_n(
         &self,
+        param: &'static str,
         s: &Served,
         prompt: &[u32],
         sp: &Sampling,
@@ -145,7 +149,7 @@ impl Gateway {
             set.spawn(async move {
                 (
                     i,
-                    generate(&gen, &codec, prompt, sampling, max_new, stop, None).await,
+                    generate(param, &gen, &codec, prompt, sampling, max_new, stop, None).await,
                 )
             });
         }
@@ -186,7 +190,10 @@ impl Gateway {
         }
         let max_new = room(&s, prompt.len(), req.sampling.max_tokens.or(Some(16)))?;
         let mut choices = Vec::new();
-        for c in self.sample_n(&s, &prompt, &req.sampling, max_new).await? {
+        for c in self
+            .sample_n("prompt", &s, &prompt, &req.sampling, max_new)
+            .await?
+        {
             let text = s
                 .codec
                 .decode(&c.tokens)
@@ -217,12 +224,12 @@ impl Gateway {
         let c = match traj {
             Some(t) => {
                 let t0 = std::time::Instant::now();
-                let (cap, _) = self.slot(t)?;
-                let mut cap = cap.lock().await;
+                let (mut cap, _) = self.open(t).await?;
                 let p = cap.prepare_ids(&req.input_ids, req.sampling.max_tokens)?;
                 let sampling = cap.sampling(client_sampling(&req.sampling));
                 let spec = cap.spec.clone();
                 let c = generate(
+                    "input_ids",
                     &spec.gen,
                     &spec.codec,
                     p.prompt.clone(),
@@ -251,7 +258,7 @@ impl Gateway {
                     stop_strings: Vec::new(),
                     session: None,
                 };
-                let mut c = submit(&s.gen, g).await?;
+                let mut c = submit("input_ids", &s.gen, g).await?;
                 c.prompt.clear();
                 c
             }
@@ -287,7 +294,9 @@ fn client_sampling(s: &Sampling) -> SamplingParams {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn generate(
+    param: &'static str,
     gen: &GenClient,
     codec: &Arc<dyn ChatCodec>,
     prompt: Vec<u32>,
@@ -304,13 +313,28 @@ async fn generate(
         stop_strings,
         session,
     };
-    submit(gen, req).await
+    submit(param, gen, req).await
 }
 
-async fn submit(gen: &GenClient, req: GenerationRequest) -> Result<Completion, ApiError> {
-    gen.generate(req)
-        .await
-        .map_err(|e| ApiError::status(503, format!("the engine: {e}")))
+/// Runs `req` on the engine. A request the engine refuses to run is the client's error (400):
+/// a prompt id outside the vocabulary blamed on `param` (the field the prompt came from), stop
+/// strings on an engine without a tokenizer on `stop`. Anything else is the engine's (503).
+async fn submit(
+    param: &'static str,
+    gen: &GenClient,
+    req: GenerationRequest,
+) -> Result<Completion, ApiError> {
+    gen.generate(req).await.map_err(|e| match e {
+        RolloutError::Engine(m) if m.starts_with("invalid argument") => {
+            let param = if m.contains("stop string") {
+                "stop"
+            } else {
+                param
+            };
+            ApiError::field(param, m).with_code("invalid_request")
+        }
+        e => ApiError::status(503, format!("the engine: {e}")),
+    })
 }
 
 /// Text of a completion without its end-of-turn token; whether the message ended.
