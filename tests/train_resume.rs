@@ -149,7 +149,6 @@ fn resumes_from_another_working_directory() {
 #[test]
 fn sigterm_writes_a_checkpoint_and_exits_cleanly() {
     use std::process::{Command, Stdio};
-    use std::time::{Duration, Instant};
     let d = tempfile::tempdir().unwrap();
     let cfg = write_config(
         d.path(),
@@ -157,21 +156,7 @@ fn sigterm_writes_a_checkpoint_and_exits_cleanly() {
         "global_batch_size = 4\nmax_steps = 100000",
         "every_steps = 0",
     );
-    let child = Command::new(env!("CARGO_BIN_EXE_mtrl"))
-        .args(["train", "--quiet", "--config", cfg.to_str().unwrap()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let run = d.path().join("run");
-    let t0 = Instant::now();
-    while std::fs::read_to_string(run.join("metrics.jsonl"))
-        .map(|s| s.lines().count() < 2)
-        .unwrap_or(true)
-    {
-        assert!(t0.elapsed() < Duration::from_secs(60), "no progress");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let (child, run) = train_until_two_steps(&cfg, Stdio::piped());
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -188,6 +173,31 @@ fn sigterm_writes_a_checkpoint_and_exits_cleanly() {
         run.join(format!("step-{steps:08}/trainer.json")).exists(),
         "{err}"
     );
+}
+
+/// Spawns `mtrl train --quiet` on `cfg` (stderr piped) and waits until two steps are recorded;
+/// returns the child and its run folder.
+fn train_until_two_steps(
+    cfg: &Path,
+    stdout: std::process::Stdio,
+) -> (std::process::Child, std::path::PathBuf) {
+    use std::time::{Duration, Instant};
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_mtrl"))
+        .args(["train", "--quiet", "--config", cfg.to_str().unwrap()])
+        .stdout(stdout)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let run = cfg.parent().unwrap().join("run");
+    let t0 = Instant::now();
+    while std::fs::read_to_string(run.join("metrics.jsonl"))
+        .map(|s| s.lines().count() < 2)
+        .unwrap_or(true)
+    {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no progress");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (child, run)
 }
 
 /// `MTRL_TRACE=1` places every phase of a run (engine built, engine thread, the first forwards'
@@ -269,21 +279,7 @@ fn a_second_signal_ends_the_run_at_once() {
         "global_batch_size = 4\nmax_steps = 100000",
         "every_steps = 1\nkeep_last = 2",
     );
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mtrl"))
-        .args(["train", "--quiet", "--config", cfg.to_str().unwrap()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let run = d.path().join("run");
-    let t0 = Instant::now();
-    while std::fs::read_to_string(run.join("metrics.jsonl"))
-        .map(|s| s.lines().count() < 2)
-        .unwrap_or(true)
-    {
-        assert!(t0.elapsed() < Duration::from_secs(60), "no progress");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let (mut child, run) = train_until_two_steps(&cfg, Stdio::null());
     let pid = child.id().to_string();
     // Back to back: the second arrives while the first's graceful stop is under way.
     let both = format!("kill -TERM {pid}; kill -INT {pid}");
