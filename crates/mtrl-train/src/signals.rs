@@ -7,7 +7,9 @@
 //! Why process-wide: tokio's signal handling replaces the default disposition for the rest of the
 //! process once any runtime listened for a signal; a handler tied to a run's runtime therefore
 //! left later stages (the default job's evaluation after an interrupted RL stage) deaf to every
-//! signal but SIGKILL. One listener thread, started on first use, owns both signals instead.
+//! signal but SIGKILL. One listener thread, started by the first [`on_signal`], owns both signals
+//! from then on; a command that never registers keeps the default disposition (the signal ends
+//! it at once).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, Once};
@@ -43,12 +45,6 @@ pub fn on_signal(then: impl Fn() + Send + Sync + 'static) -> SignalGuard {
         h.push((id, Box::new(then)));
     }
     SignalGuard(id)
-}
-
-/// Makes every later Ctrl-C / SIGTERM end the process at once (unless a hook is registered):
-/// called by the binary first, so that no stage is left without a handler.
-pub fn install() {
-    start();
 }
 
 /// What one signal does: the hooks' graceful stop the first time one is registered, else exit.
