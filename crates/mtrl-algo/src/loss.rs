@@ -77,7 +77,7 @@ pub struct LossInputs<'a> {
 
 /// Per-token loss plus the diagnostics the learner logs.
 pub struct LossOutput {
-    /// `[B, T]`, exactly 0 at masked positions (not yet weighted or aggregated).
+    /// `[B, T]`, not yet masked: [`crate::aggregate`] selects the trained positions.
     pub per_token: Tensor,
     /// Number of masked tokens whose objective was clipped (PPO) or capped (CISPO, IS).
     pub clipped_tokens: f64,
@@ -85,7 +85,9 @@ pub struct LossOutput {
     pub behaviour_weight_sum: f64,
 }
 
-fn mask_sum(t: &Tensor, mask: &Tensor) -> Result<f64> {
+/// Σ t · mask over the positions `mask` keeps (selected first, so a NaN or ±inf at a masked
+/// position does not leak in), as f64.
+pub fn masked_sum(t: &Tensor, mask: &Tensor) -> Result<f64> {
     let t = t.to_dtype(mask.dtype())?;
     Ok(select_masked(&t, mask)?
         .mul(mask)?
@@ -149,7 +151,7 @@ pub fn per_token_loss(loss: PolicyLoss, x: &LossInputs<'_>) -> Result<LossOutput
                 let over = l.gt(&cap)?.to_dtype(dtype)?.mul(&neg_adv)?;
                 l = (l.mul(&over.affine(-1.0, 1.0)?)? + cap.mul(&over)?)?;
             }
-            let n = mask_sum(&clipped, x.mask)?;
+            let n = masked_sum(&clipped, x.mask)?;
             (l, n)
         }
         PolicyLoss::Cispo {
@@ -161,7 +163,7 @@ pub fn per_token_loss(loss: PolicyLoss, x: &LossInputs<'_>) -> Result<LossOutput
             let w = r.clamp(lo, hi)?;
             let capped = (r.gt(hi)?.to_dtype(dtype)? + r.lt(lo)?.to_dtype(dtype)?)?;
             let l = w.mul(&adv)?.mul(x.logp)?.neg()?;
-            (l, mask_sum(&capped, x.mask)?)
+            (l, masked_sum(&capped, x.mask)?)
         }
         PolicyLoss::Is { cap: None } => (ratio.mul(&adv)?.neg()?, 0.0),
         PolicyLoss::Is { cap: Some(cap) } => {
@@ -176,7 +178,7 @@ pub fn per_token_loss(loss: PolicyLoss, x: &LossInputs<'_>) -> Result<LossOutput
             // finite wherever r underflows.
             let scale = lr.affine(-1.0, cap.ln())?.minimum(0.0)?.exp()?;
             let l = ratio.mul(&scale)?.mul(&adv)?.neg()?;
-            (l, mask_sum(&over, x.mask)?)
+            (l, masked_sum(&over, x.mask)?)
         }
     };
     let (per_token, weight_sum) = match x.behaviour {
@@ -197,12 +199,12 @@ pub fn per_token_loss(loss: PolicyLoss, x: &LossInputs<'_>) -> Result<LossOutput
             let w = (&old - behaviour.to_dtype(dtype)?.detach())?
                 .clamp(-LOG_RATIO_BOUND, c.ln())?
                 .exp()?;
-            let sum = mask_sum(&w, x.mask)?;
+            let sum = masked_sum(&w, x.mask)?;
             (per_token.mul(&w)?, sum)
         }
     };
     Ok(LossOutput {
-        per_token: select_masked(&per_token, x.mask)?,
+        per_token,
         clipped_tokens: clipped,
         behaviour_weight_sum: weight_sum,
     })

@@ -103,39 +103,50 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// line (a process killed mid-write). Files are rewritten through a temp file and a rename, and
 /// only when something goes. Returns how many records were removed.
 pub fn truncate_after(dir: &Path, step: u64) -> Result<usize> {
+    let mut removed = 0;
+    for (_, path) in read::numbered_files(dir)? {
+        removed += keep_lines(&path, |line| {
+            match serde_json::from_str::<TrajectoryRecord>(line.trim_end()) {
+                Ok(r) => !(r.kind == Kind::Train && matches!(r.step, At::Step(s) if s > step)),
+                // Only the last line can be cut short; a bad line elsewhere is left for the
+                // reader to report.
+                Err(_) => line.ends_with('\n'),
+            }
+        })?;
+    }
+    Ok(removed)
+}
+
+/// Rewrites the line file `path` with only the lines `keep` accepts (each with its `\n`, the
+/// last one possibly without), through a temp file, fsync and rename, and only when a line goes.
+/// Returns how many lines went; a missing file has none.
+pub fn keep_lines(path: &Path, mut keep: impl FnMut(&str) -> bool) -> Result<usize> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| EvalError::Io { path, source }
     };
-    let mut removed = 0;
-    for (_, path) in read::numbered_files(dir)? {
-        let text = std::fs::read_to_string(&path).map_err(io(&path))?;
-        let mut kept = String::with_capacity(text.len());
-        let mut gone = 0;
-        for line in text.split_inclusive('\n') {
-            let later = match serde_json::from_str::<TrajectoryRecord>(line.trim_end()) {
-                Ok(r) => r.kind == Kind::Train && matches!(r.step, At::Step(s) if s > step),
-                // Only the last line can be cut short; a bad line elsewhere is left for the
-                // reader to report.
-                Err(_) => !line.ends_with('\n'),
-            };
-            if later {
-                gone += 1;
-            } else {
-                kept.push_str(line);
-            }
-        }
-        if gone > 0 {
-            let tmp = path.with_extension("jsonl.tmp");
-            std::fs::write(&tmp, kept.as_bytes()).map_err(io(&tmp))?;
-            std::fs::File::open(&tmp)
-                .and_then(|f| f.sync_all())
-                .map_err(io(&tmp))?;
-            std::fs::rename(&tmp, &path).map_err(io(&path))?;
-            removed += gone;
+    let text = match std::fs::read_to_string(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        r => r.map_err(io(path))?,
+    };
+    let mut kept = String::with_capacity(text.len());
+    let mut gone = 0;
+    for line in text.split_inclusive('\n') {
+        if keep(line) {
+            kept.push_str(line);
+        } else {
+            gone += 1;
         }
     }
-    Ok(removed)
+    if gone > 0 {
+        let tmp = path.with_extension("jsonl.tmp");
+        std::fs::write(&tmp, kept.as_bytes()).map_err(io(&tmp))?;
+        std::fs::File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(io(&tmp))?;
+        std::fs::rename(&tmp, path).map_err(io(path))?;
+    }
+    Ok(gone)
 }
 
 /// A trajectory log being written (see the module docs).

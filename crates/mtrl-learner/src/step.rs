@@ -230,14 +230,6 @@ pub(crate) fn pad(rows: &[Row], dev: &Device) -> Result<Micro> {
     })
 }
 
-pub(crate) fn masked_sum(t: &Tensor, mask: &Tensor) -> Result<f64> {
-    Ok(t.to_dtype(DType::F32)?
-        .mul(mask)?
-        .sum_all()?
-        .to_dtype(DType::F64)?
-        .to_scalar::<f64>()?)
-}
-
 /// Policy, optional frozen reference, optimizer and step configuration.
 pub struct Learner {
     pub policy: Policy,

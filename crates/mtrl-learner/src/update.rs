@@ -11,14 +11,14 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 use candle_core::{DType, Tensor};
-use mtrl_algo::{aggregate, kl_k3, per_token_loss, GlobalCounts, LossInputs};
+use mtrl_algo::{aggregate, kl_k3, masked_sum, per_token_loss, GlobalCounts, LossInputs};
 use mtrl_model::{logprobs_and_grads, token_logprobs, Policy, DEFAULT_CHUNK_ELEMS};
 
 use crate::batch::{micro_batches, Row};
 use crate::clip::{accumulate, clip_or_norm};
 use crate::dist::{all_reduce_grads, owns, Collective, CommStats};
 use crate::error::Result;
-use crate::step::{masked_sum, pad, Learner, RatioBase, StepConfig};
+use crate::step::{pad, Learner, RatioBase, StepConfig};
 
 /// Sums over the updates of a step.
 #[derive(Debug, Clone, Default)]
@@ -226,11 +226,7 @@ impl Learner {
                         aggregate(&o.per_token, &mb.mask, cfg.aggregation, global).map_err(algo)?;
                     if let Some(r) = &reference {
                         let kl = kl_k3(lp, r).map_err(algo)?;
-                        diag.2 = kl
-                            .mul(&mb.mask)?
-                            .sum_all()?
-                            .to_dtype(DType::F64)?
-                            .to_scalar::<f64>()?;
+                        diag.2 = masked_sum(&kl, &mb.mask).map_err(algo)?;
                         let kl = match &shares {
                             Some(sh) => kl.broadcast_mul(&sh.to_dtype(kl.dtype())?)?,
                             None => kl,

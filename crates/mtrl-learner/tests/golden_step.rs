@@ -290,22 +290,26 @@ fn checkpoints_are_atomic_checksummed_and_rotated() {
     }
 }
 
+/// The trainer state of step `s` (policy version `s`).
+fn state(s: u64) -> mtrl_learner::TrainerState {
+    mtrl_learner::TrainerState {
+        step: s,
+        policy_version: s,
+        ..Default::default()
+    }
+}
+
 /// Issue 43, defect 1: a damaged folder of a later step (a copy renamed, a half-synced disk) must
 /// not make rotation delete the valid checkpoints. With `keep_last = 1`, resuming from step 4
 /// past a damaged `step-10` and saving step 6 used to keep only the damaged folder (newest by
 /// name), deleting the one just written and the resume source; the next start began at step 0.
 #[test]
 fn rotation_never_deletes_valid_checkpoints_for_a_damaged_newer_one() {
-    use mtrl_learner::{CheckpointManager, TrainerState};
+    use mtrl_learner::CheckpointManager;
     let (p, opt, ..) = step("qwen3");
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let mgr = CheckpointManager::new(d, 1);
-    let state = |s: u64| TrainerState {
-        step: s,
-        policy_version: s,
-        ..Default::default()
-    };
     for s in [2u64, 4] {
         mgr.save(&p, DType::F32, &opt, &state(s)).unwrap();
     }
@@ -348,16 +352,11 @@ fn rotation_never_deletes_valid_checkpoints_for_a_damaged_newer_one() {
 /// The start of a run sets rejected folders aside (see the test above for why).
 #[test]
 fn rejected_checkpoints_are_set_aside_and_rotation_goes_on() {
-    use mtrl_learner::{CheckpointManager, TrainerState};
+    use mtrl_learner::CheckpointManager;
     let (p, opt, ..) = step("qwen3");
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let mgr = CheckpointManager::new(d, 1);
-    let state = |s: u64| TrainerState {
-        step: s,
-        policy_version: s,
-        ..Default::default()
-    };
     mgr.save(&p, DType::F32, &opt, &state(6)).unwrap();
     let bad = d.join("step-00000010");
     std::fs::create_dir_all(bad.join("policy")).unwrap();

@@ -207,7 +207,7 @@ impl Updates {
     /// The update to apply now, if any: the newest one received (unpinned), or the newest of the
     /// leading held ones that the pins allow, in order.
     fn next(&mut self) -> Option<WeightUpdate> {
-        while self.pins.is_none() || self.held.len() < HELD_MAX {
+        while self.room() {
             let Ok(w) = self.rx.try_recv() else { break };
             self.held.push_back(w);
         }

@@ -336,33 +336,15 @@ pub fn merge(all: &[RolloutCounters]) -> RolloutCounters {
 
 /// Appends one line per rank with what its rollouts did during `step` (rank 0 writes), and
 /// exports the same as Prometheus counters labelled with the rank.
-/// Drops the lines of `rollout-ranks.jsonl` after `step` (a resumed run writes them again);
-/// a missing file is fine. Written atomically (temp file, fsync, rename).
+/// Drops the lines of `rollout-ranks.jsonl` after `step` (a resumed run writes them again), and
+/// a line cut short; a missing file is fine. Rewritten atomically ([`mtrl_eval::trajlog::keep_lines`]).
 pub fn cut_ranks_log(path: &Path, step: u64) -> Result<()> {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return Ok(());
-    };
-    let keep: Vec<&str> = text
-        .lines()
-        .filter(|l| {
-            serde_json::from_str::<serde_json::Value>(l)
-                .ok()
-                .and_then(|v| v["step"].as_u64())
-                .is_some_and(|s| s <= step)
-        })
-        .collect();
-    if keep.len() == text.lines().count() {
-        return Ok(());
-    }
-    let tmp = path.with_extension("jsonl.tmp");
-    {
-        let mut f = std::fs::File::create(&tmp).with_context(|| tmp.display())?;
-        for l in keep {
-            writeln!(f, "{l}")?;
-        }
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path).with_context(|| path.display())?;
+    mtrl_eval::trajlog::keep_lines(path, |l| {
+        serde_json::from_str::<serde_json::Value>(l)
+            .ok()
+            .and_then(|v| v["step"].as_u64())
+            .is_some_and(|s| s <= step)
+    })?;
     Ok(())
 }
 

@@ -120,6 +120,8 @@ pub fn train(cfg: &Config, mut opts: TrainOptions) -> Result<Summary> {
     let planned = setup::planned_steps(cfg, data.tasks);
     let until = opts.max_steps.map_or(planned, |m| m.min(planned));
     let mgr = CheckpointManager::new(&cfg.checkpoint.dir, cfg.checkpoint.keep_last);
+    // Rank 0 verifies (hashes) the checkpoints once, here; the others once rank 0 has tidied.
+    let mut verified = None;
     if lead {
         if opts.fresh {
             resume::clear_run(cfg, &mgr)?;
@@ -130,8 +132,9 @@ pub fn train(cfg: &Config, mut opts: TrainOptions) -> Result<Summary> {
         }
         // Folders newer than the newest valid one that fail verification leave the listing, so
         // neither rotation nor a later resume meets them again.
-        let (_, rejected) = mgr.latest_valid()?;
+        let (latest, rejected) = mgr.latest_valid()?;
         let moved = mgr.set_aside(&rejected)?;
+        verified = Some(latest);
         for (r, to) in rejected.iter().zip(&moved) {
             eprintln!(
                 "checkpoint {} is unusable ({}); moved to {}, trying an older one",
@@ -143,7 +146,10 @@ pub fn train(cfg: &Config, mut opts: TrainOptions) -> Result<Summary> {
     }
     // The other ranks read the checkpoint folder once rank 0 has tidied it.
     ranks.arrive("the run's start", false)?;
-    let (latest, _) = mgr.latest_valid()?;
+    let latest = match verified {
+        Some(latest) => latest,
+        None => mgr.latest_valid()?.0,
+    };
     let initial = setup::initial_policy(cfg, &parts)?;
     mtrl_core::trace!(
         "policy loaded on {:?} ({:?})",
