@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The test command of the README and of .ci/run: install Open MPI when missing, fetch the real embedder weights once (they are
-# not in git), install the agent venv once, install MLflow once and start a throw-away tracking server on loopback for
+# The test command of the README and of .ci/run: install Open MPI when missing, fetch the real embedder weights and the
+# real Qwen2.5-Coder-0.5B GGUF once (they are not in git), install the agent venv once, install MLflow once and start a throw-away tracking server on loopback for
 # tests/mlflow.rs (stopped on exit), then run the whole workspace test suite. Tests need no
 # network after these steps.
 set -euo pipefail
@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 # Open MPI for the data-parallel tests (tests/mpi_train.rs runs real `mpirun`).
 scripts/setup-mpi.sh
 scripts/fetch-embedder.sh
+# The real Qwen2.5-Coder-0.5B-Instruct GGUF (491 MB, once per machine) for tests/real_qwen.rs.
+scripts/fetch-qwen.sh >/dev/null
 # The pinned Python client stack of the agent tests (openai, strands-agents, bedrock-agentcore,
 # agentcore-rl-toolkit), installed once into a cached venv.
 MTRL_AGENT_PYTHON="$(scripts/agent-venv.sh)"

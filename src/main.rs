@@ -65,6 +65,9 @@ enum Command {
     /// Write a LoRA adapter, or with --merge the base with the adapter merged in (an HF checkpoint).
     #[command(after_help = cmd::examples::EXPORT)]
     Export(cmd::export::ExportArgs),
+    /// Convert a Qwen2/Qwen3 GGUF file into a Hugging Face checkpoint folder.
+    #[command(after_help = cmd::examples::CONVERT)]
+    Convert(cmd::convert::ConvertArgs),
     /// Evaluate policies and scripted baselines on the test files (nDCG@10, failures, pass@k).
     #[command(after_help = cmd::examples::EVAL)]
     Eval(cmd::eval::EvalArgs),
@@ -131,6 +134,7 @@ fn main() {
         Some(Command::Selftest(a)) => cmd::selftest::run(&a),
         Some(Command::Eval(a)) => cmd::eval::run(&a),
         Some(Command::Export(a)) => cmd::export::run(&a),
+        Some(Command::Convert(a)) => cmd::convert::run(&a),
         Some(Command::Serve(a)) => cmd::serve::run(&a),
         Some(Command::ServeTools(a)) => cmd::serve::run_tools(&a),
         Some(Command::Inspect(a)) => cmd::inspect::run(&a),

@@ -22,7 +22,7 @@ pub struct EvalArgs {
     /// concurrency), `[model]` (dtype, device).
     #[arg(long, short)]
     pub config: PathBuf,
-    /// Policy checkpoint folder to evaluate (e.g. `<checkpoint.dir>/step-N/policy`), or `best`
+    /// Policy checkpoint folder (or `.gguf` file) to evaluate (e.g. `<checkpoint.dir>/step-N/policy`), or `best`
     /// (the run's best step by its validation metric, `best.json`) or `last` (its newest valid
     /// checkpoint); labelled `tuned` when --baseline is given, else `model`.
     #[arg(long)]
@@ -124,7 +124,7 @@ fn contenders(args: &EvalArgs, cfg: &mtrl_core::Config) -> Result<(Vec<Contender
     }
     for c in &contenders {
         if let Contender::ModelDir { dir, .. } = c {
-            if !dir.is_dir() {
+            if !mtrl_model::gguf::is_model_path(dir) {
                 bail!("model folder {} does not exist", dir.display());
             }
         }

@@ -109,6 +109,12 @@ pub const EXPORT: &str = r#"Example:
 
 See docs/lora.md."#;
 
+/// `mtrl convert --help`.
+pub const CONVERT: &str = r#"Example:
+  mtrl convert --gguf models/qwen2.5-coder-0.5b-instruct/model.gguf --out models/qwen2.5-0.5b
+
+See docs/model.md."#;
+
 /// `mtrl eval --help`.
 pub const EVAL: &str = r#"Examples:
   mtrl eval --config configs/demo.toml --model best --baseline runs/demo/sft --policy bm25-once

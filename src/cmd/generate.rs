@@ -9,7 +9,8 @@ use mtrl_model::{ChatOptions, Engine, GenerationRequest, Policy, SamplingParams,
 
 #[derive(clap::Args, Debug)]
 pub struct GenerateArgs {
-    /// Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.json …).
+    /// Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.json …) or a
+    /// Qwen2/Qwen3 `.gguf` file (converted once into a folder beside it).
     #[arg(long)]
     pub model: PathBuf,
     /// Wrap the prompt as one user message in the checkpoint's chat template.
@@ -87,8 +88,10 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let dtype = mtrl_model::parse_dtype(&args.dtype)?;
     let policy = Policy::load(&args.model, dtype, &device)
         .with_context(|| format!("loading model from {}", args.model.display()))?;
-    let tokenizer = if args.model.join("tokenizer.json").exists() {
-        let t = Tokenizer::from_dir(&args.model)?;
+    // A `.gguf` model was converted into a folder by the load above.
+    let dir = mtrl_model::gguf::checkpoint_dir(&args.model)?;
+    let tokenizer = if dir.join("tokenizer.json").exists() {
+        let t = Tokenizer::from_dir(&dir)?;
         t.check_vocab(policy.config().vocab_size)?;
         Some(Arc::new(t))
     } else {

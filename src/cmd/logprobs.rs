@@ -9,7 +9,7 @@ use mtrl_model::{token_logprobs, Policy};
 
 #[derive(clap::Args, Debug)]
 pub struct LogprobsArgs {
-    /// Hugging Face checkpoint folder.
+    /// Hugging Face checkpoint folder, or a Qwen2/Qwen3 `.gguf` file.
     #[arg(long)]
     pub model: PathBuf,
     /// Comma-separated token ids (at least two).

@@ -6,6 +6,7 @@ pub mod bench_model;
 pub mod bench_search;
 pub mod bench_train;
 pub mod common;
+pub mod convert;
 pub mod data;
 pub mod demo;
 pub mod eval;

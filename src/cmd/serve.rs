@@ -71,7 +71,7 @@ impl HttpArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
-    /// Hugging Face checkpoint folder (e.g. `<checkpoint.dir>/step-N/policy`).
+    /// Hugging Face checkpoint folder (e.g. `<checkpoint.dir>/step-N/policy`) or a `.gguf` file.
     #[arg(long)]
     pub model: PathBuf,
     /// A run config whose `[env]` budgets (max_turns, max_tokens_per_turn, max_context_tokens)

@@ -211,15 +211,16 @@ pub fn load_adapted(
     dtype: DType,
     device: &Device,
 ) -> Result<(Policy, Arc<dyn ChatCodec>)> {
-    if !dir.is_dir() {
-        return Err(EvalError::MissingModel {
-            path: dir.to_path_buf(),
-        });
-    }
     let bad = |message: String| EvalError::Model {
         path: dir.to_path_buf(),
         message,
     };
+    if !mtrl_model::gguf::is_model_path(dir) {
+        return Err(EvalError::MissingModel {
+            path: dir.to_path_buf(),
+        });
+    }
+    let dir = &mtrl_model::gguf::checkpoint_dir(dir).map_err(|e| bad(e.to_string()))?;
     let mut policy = Policy::load(dir, dtype, device).map_err(|e| bad(e.to_string()))?;
     if let Some(a) = adapter {
         policy = policy.load_adapter(a).map_err(|e| EvalError::Model {
@@ -262,7 +263,7 @@ fn check_labels(job: &EvalJob) -> Result<()> {
     }
     for c in &job.contenders {
         if let Contender::ModelDir { dir, .. } = c {
-            if !dir.is_dir() {
+            if !mtrl_model::gguf::is_model_path(dir) {
                 return Err(EvalError::MissingModel { path: dir.clone() });
             }
         }

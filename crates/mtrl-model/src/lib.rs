@@ -32,6 +32,7 @@ pub mod config;
 mod cpu;
 pub mod engine;
 pub mod error;
+pub mod gguf;
 pub mod kv_cache;
 pub mod kv_pool;
 pub mod logprobs;

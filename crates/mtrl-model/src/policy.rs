@@ -89,7 +89,10 @@ pub fn parameter_shapes(cfg: &Config) -> Vec<(String, Vec<usize>)> {
 
 impl Policy {
     /// Loads `config.json`, `generation_config.json` and the weights of an HF checkpoint folder.
+    /// A `.gguf` file is accepted too: it is converted once into a folder beside it
+    /// ([`crate::gguf::checkpoint_dir`]).
     pub fn load(dir: &Path, dtype: DType, device: &Device) -> Result<Self> {
+        let dir = &crate::gguf::checkpoint_dir(dir)?;
         if crate::lora::peft::is_adapter_dir(dir) && !dir.join("config.json").is_file() {
             return Err(ModelError::checkpoint(
                 dir,

@@ -31,7 +31,9 @@ fn token_string(v: Option<&Value>) -> Option<String> {
 
 impl Tokenizer {
     /// Loads `tokenizer.json` and (if present) `tokenizer_config.json` from `dir`.
+    /// A `.gguf` file is accepted too (its converted folder is used, see [`crate::gguf`]).
     pub fn from_dir(dir: &Path) -> Result<Self> {
+        let dir = &crate::gguf::checkpoint_dir(dir)?;
         let tj = dir.join("tokenizer.json");
         if !tj.exists() {
             return Err(ModelError::Tokenizer(format!(

@@ -53,9 +53,10 @@ pub fn serve_policy(opts: ServeOptions) -> Result<()> {
     let window = policy.config().max_position_embeddings;
     // The engine gets the tokenizer too: a client's `stop` strings are matched on decoded text
     // (without it every call with `stop` was refused as an engine failure).
+    let model_dir = mtrl_model::gguf::checkpoint_dir(&opts.model)?;
     let tok_dir = match &opts.tokenizer {
-        Some(t) if !opts.model.join("tokenizer.json").is_file() => t.as_path(),
-        _ => opts.model.as_path(),
+        Some(t) if !model_dir.join("tokenizer.json").is_file() => t.as_path(),
+        _ => model_dir.as_path(),
     };
     let tokenizer = Arc::new(mtrl_model::Tokenizer::from_dir(tok_dir)?);
     let engine = EngineThread::spawn(Engine::new(policy, Some(tokenizer), 0, opts.max_batch)?)?;

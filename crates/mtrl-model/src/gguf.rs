@@ -1,0 +1,556 @@
+//! GGUF (llama.cpp's model file) in: a Qwen2/Qwen3 GGUF becomes an ordinary Hugging Face
+//! checkpoint folder (`config.json` from the metadata, dequantised `model.safetensors`,
+//! `tokenizer.json` + `tokenizer_config.json` with the file's own chat template,
+//! `generation_config.json`), which every command then loads like any other.
+//!
+//! Reading and dequantisation are candle's (`candle_core::quantized::gguf_file`, every ggml block
+//! type candle knows: Q4_0…Q8_K, F16, BF16, F32); this module only maps names and metadata.
+//!
+//! Invariants:
+//! - every metadata key is either understood (and acted on or checked) or an error naming it:
+//!   nothing is silently defaulted. Only `general.*` (descriptive: name, licence, tags, file type,
+//!   …) and `quantize.imatrix.*` (how the quantiser was calibrated) are read as information;
+//! - every tensor maps to exactly one HF name or is an error naming it;
+//! - the output head is taken from `output.weight` when the file has one; the embedding is tied
+//!   only when it has none (`tie_word_embeddings` follows the file, never a guess);
+//! - `head_dim` is `attention.key_length` when given, else `embedding_length / head_count`
+//!   (Qwen2 files carry no `rope.dimension_count`; when present it must equal `head_dim`).
+//!
+//! A `.gguf` given where a checkpoint folder is expected (`[model] path`, `--model`) is converted
+//! once into `<file stem>.mtrl-f32/` beside it ([`checkpoint_dir`]), stamped with the source's size
+//! and modification time, and reused while the stamp matches; one process converts (a lock file
+//! beside it), the others wait for the stamp.
+
+mod tokenizer;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::gguf_file::{Content, Value as G};
+use candle_core::{DType, Device, Tensor};
+use serde_json::{json, Value};
+
+use crate::checkpoint::save_checkpoint;
+use crate::config::Config;
+use crate::error::{invalid, unsupported, ModelError, Result};
+use crate::policy::parameter_shapes;
+
+/// An opened GGUF file: its metadata and tensor directory (no tensor data read yet).
+pub struct Gguf {
+    path: PathBuf,
+    content: Content,
+    arch: Arch,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Arch {
+    Qwen2,
+    Qwen3,
+}
+
+impl Arch {
+    fn name(self) -> &'static str {
+        match self {
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+        }
+    }
+}
+
+/// `{arch}.*` keys this module acts on.
+const ARCH_KEYS: &[&str] = &[
+    "block_count",
+    "context_length",
+    "embedding_length",
+    "feed_forward_length",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.value_length",
+    "attention.layer_norm_rms_epsilon",
+    "rope.freq_base",
+    "rope.dimension_count",
+    "rope.scaling.type",
+    "vocab_size",
+];
+
+/// `tokenizer.*` keys this module acts on (see `gguf/tokenizer.rs`).
+const TOKENIZER_KEYS: &[&str] = &[
+    "tokenizer.ggml.model",
+    "tokenizer.ggml.pre",
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.token_type",
+    "tokenizer.ggml.merges",
+    "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.padding_token_id",
+    "tokenizer.ggml.eot_token_id",
+    "tokenizer.ggml.add_bos_token",
+    "tokenizer.ggml.add_eos_token",
+    "tokenizer.chat_template",
+];
+
+/// Whether `key` is descriptive only (it cannot change what the model computes).
+fn informational(key: &str) -> bool {
+    (key.starts_with("general.") && key != "general.architecture")
+        || key.starts_with("quantize.imatrix.")
+}
+
+fn describe(v: &G) -> String {
+    match v {
+        G::String(s) => format!("{s:?}"),
+        G::Array(a) => format!("an array of {} values", a.len()),
+        G::Bool(b) => b.to_string(),
+        G::F32(x) => x.to_string(),
+        G::F64(x) => x.to_string(),
+        other => other
+            .to_u64()
+            .map(|x| x.to_string())
+            .or_else(|_| other.to_i64().map(|x| x.to_string()))
+            .unwrap_or_else(|_| format!("{other:?}")),
+    }
+}
+
+impl Gguf {
+    /// Reads the header of `path` and checks every metadata key.
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
+        let mut r = BufReader::new(file);
+        let content = Content::read(&mut r)
+            .map_err(|e| ModelError::checkpoint(path, format!("not a readable GGUF file: {e}")))?;
+        let arch = match content.metadata.get("general.architecture") {
+            Some(G::String(s)) if s == "qwen2" => Arch::Qwen2,
+            Some(G::String(s)) if s == "qwen3" => Arch::Qwen3,
+            Some(v) => {
+                return Err(unsupported(
+                    path,
+                    "general.architecture",
+                    format!("{} (only qwen2 and qwen3)", describe(v)),
+                ))
+            }
+            None => return Err(invalid(path, "general.architecture", "missing")),
+        };
+        let g = Self {
+            path: path.to_path_buf(),
+            content,
+            arch,
+        };
+        g.check_keys()?;
+        Ok(g)
+    }
+
+    fn check_keys(&self) -> Result<()> {
+        let prefix = format!("{}.", self.arch.name());
+        let mut keys: Vec<&String> = self.content.metadata.keys().collect();
+        keys.sort();
+        for key in keys {
+            let known = informational(key)
+                || key == "general.architecture"
+                || TOKENIZER_KEYS.contains(&key.as_str())
+                || key
+                    .strip_prefix(&prefix)
+                    .is_some_and(|k| ARCH_KEYS.contains(&k));
+            if !known {
+                let v = describe(&self.content.metadata[key]);
+                return Err(unsupported(
+                    &self.path,
+                    key,
+                    format!(
+                        "metadata key not supported (value {v}): mtrl does not know how it \
+                         changes the model, so it refuses the file rather than ignore it"
+                    ),
+                ));
+            }
+        }
+        if let Some(v) = self.get(&format!("{prefix}rope.scaling.type")) {
+            if !matches!(v, G::String(s) if s == "none") {
+                return Err(unsupported(
+                    &self.path,
+                    &format!("{prefix}rope.scaling.type"),
+                    format!("rope scaling {} (only none)", describe(v)),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn get(&self, key: &str) -> Option<&G> {
+        self.content.metadata.get(key)
+    }
+
+    fn arch_key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch.name())
+    }
+
+    fn usize_of(&self, k: &str) -> Result<Option<usize>> {
+        let key = self.arch_key(k);
+        match self.get(&key) {
+            None => Ok(None),
+            Some(v) => v
+                .to_u64()
+                .map(|x| Some(x as usize))
+                .or_else(|_| v.to_i64().map(|x| Some(x.max(0) as usize)))
+                .map_err(|_| invalid(&self.path, &key, "expected an integer")),
+        }
+    }
+
+    fn need_usize(&self, k: &str) -> Result<usize> {
+        self.usize_of(k)?
+            .ok_or_else(|| invalid(&self.path, &self.arch_key(k), "missing"))
+    }
+
+    fn need_f32(&self, k: &str) -> Result<f32> {
+        let key = self.arch_key(k);
+        let v = self
+            .get(&key)
+            .ok_or_else(|| invalid(&self.path, &key, "missing"))?;
+        v.to_f32()
+            .or_else(|_| v.to_f64().map(|x| x as f32))
+            .map_err(|_| invalid(&self.path, &key, "expected a float"))
+    }
+
+    /// The metadata as a Hugging Face `config.json`.
+    pub fn config_json(&self) -> Result<Value> {
+        let hidden = self.need_usize("embedding_length")?;
+        let heads = self.need_usize("attention.head_count")?;
+        let kv = self.usize_of("attention.head_count_kv")?.unwrap_or(heads);
+        if heads == 0 || hidden == 0 {
+            return Err(invalid(
+                &self.path,
+                &self.arch_key("attention.head_count"),
+                "sizes must be positive",
+            ));
+        }
+        let head_dim = self
+            .usize_of("attention.key_length")?
+            .unwrap_or(hidden / heads);
+        for k in ["attention.value_length", "rope.dimension_count"] {
+            if let Some(v) = self.usize_of(k)? {
+                if v != head_dim {
+                    return Err(unsupported(
+                        &self.path,
+                        &self.arch_key(k),
+                        format!("{v} differs from the head size {head_dim} (not supported)"),
+                    ));
+                }
+            }
+        }
+        let tokens = self.tokens()?;
+        let vocab = match self.usize_of("vocab_size")? {
+            Some(v) if v != tokens.len() => {
+                return Err(invalid(
+                    &self.path,
+                    &self.arch_key("vocab_size"),
+                    format!("{v}, but tokenizer.ggml.tokens has {}", tokens.len()),
+                ))
+            }
+            _ => tokens.len(),
+        };
+        // f32 metadata printed shortest, so 1e-6 stays 1e-6 rather than 9.99999997e-7.
+        let eps: f64 = self
+            .need_f32("attention.layer_norm_rms_epsilon")?
+            .to_string()
+            .parse()
+            .unwrap_or(1e-6);
+        let theta: f64 = self
+            .need_f32("rope.freq_base")?
+            .to_string()
+            .parse()
+            .unwrap_or(1e4);
+        let tied = !self.content.tensor_infos.contains_key("output.weight");
+        let special = tokenizer::special_ids(self)?;
+        let (arch_class, bias) = match self.arch {
+            Arch::Qwen2 => ("Qwen2ForCausalLM", true),
+            Arch::Qwen3 => ("Qwen3ForCausalLM", false),
+        };
+        let mut cfg = json!({
+            "architectures": [arch_class],
+            "model_type": self.arch.name(),
+            "vocab_size": vocab,
+            "hidden_size": hidden,
+            "intermediate_size": self.need_usize("feed_forward_length")?,
+            "num_hidden_layers": self.need_usize("block_count")?,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv,
+            "head_dim": head_dim,
+            "max_position_embeddings": self.need_usize("context_length")?,
+            "rms_norm_eps": eps,
+            "rope_theta": theta,
+            "hidden_act": "silu",
+            "attention_bias": bias,
+            "attention_dropout": 0.0,
+            "use_sliding_window": false,
+            "tie_word_embeddings": tied,
+            "torch_dtype": "float32",
+        });
+        let obj = cfg.as_object_mut().expect("object");
+        if let Some(b) = special.bos {
+            obj.insert("bos_token_id".into(), json!(b));
+        }
+        obj.insert("eos_token_id".into(), json!(special.eos));
+        if let Some(name) = self.get("general.name").and_then(|v| v.to_string().ok()) {
+            obj.insert("mtrl_gguf_name".into(), json!(name));
+        }
+        Ok(cfg)
+    }
+
+    fn tokens(&self) -> Result<Vec<&str>> {
+        let key = "tokenizer.ggml.tokens";
+        let arr = self
+            .get(key)
+            .ok_or_else(|| invalid(&self.path, key, "missing"))?
+            .to_vec()
+            .map_err(|_| invalid(&self.path, key, "expected an array of strings"))?;
+        arr.iter()
+            .map(|v| {
+                v.to_string()
+                    .map(String::as_str)
+                    .map_err(|_| invalid(&self.path, key, "expected an array of strings"))
+            })
+            .collect()
+    }
+
+    /// `generation_config.json`: the end-of-turn ids (eos, and eot when the file names one).
+    pub fn generation_config_json(&self) -> Result<Value> {
+        let s = tokenizer::special_ids(self)?;
+        let mut eos = vec![s.eos];
+        eos.extend(s.eot.filter(|e| *e != s.eos));
+        let mut g = json!({ "eos_token_id": eos });
+        if let Some(b) = s.bos {
+            g["bos_token_id"] = json!(b);
+        }
+        if let Some(p) = s.pad {
+            g["pad_token_id"] = json!(p);
+        }
+        Ok(g)
+    }
+
+    /// `tokenizer.json` and `tokenizer_config.json` from the `tokenizer.*` metadata.
+    pub fn tokenizer_files(&self) -> Result<(Value, Value)> {
+        tokenizer::build(self)
+    }
+
+    /// Every tensor, dequantised to f32 then cast to `dtype`, under its Hugging Face name; shapes
+    /// checked against `config.json`.
+    pub fn tensors(&self, dtype: DType) -> Result<BTreeMap<String, Tensor>> {
+        let cfg = Config::from_value(self.config_json()?, &self.path)?;
+        let layers = cfg.num_hidden_layers;
+        let shapes: HashMap<String, Vec<usize>> = parameter_shapes(&cfg).into_iter().collect();
+        let file = File::open(&self.path).map_err(|e| ModelError::io(&self.path, e))?;
+        let mut r = BufReader::new(file);
+        let mut names: Vec<&String> = self.content.tensor_infos.keys().collect();
+        names.sort();
+        let mut out = BTreeMap::new();
+        for name in names {
+            let hf = hf_name(name, layers).ok_or_else(|| {
+                ModelError::tensor(
+                    name,
+                    format!(
+                        "in {}: not a tensor of a {} model (not supported)",
+                        self.path.display(),
+                        self.arch.name()
+                    ),
+                )
+            })?;
+            let want = shapes.get(&hf).ok_or_else(|| {
+                ModelError::tensor(
+                    name,
+                    format!(
+                        "in {}: maps to `{hf}`, which config.json does not have",
+                        self.path.display()
+                    ),
+                )
+            })?;
+            let q = self
+                .content
+                .tensor(&mut r, name, &Device::Cpu)
+                .map_err(|e| ModelError::checkpoint(&self.path, format!("tensor `{name}`: {e}")))?;
+            let t = q.dequantize(&Device::Cpu)?;
+            if t.dims() != want.as_slice() {
+                return Err(ModelError::tensor(
+                    name,
+                    format!("has shape {:?}, the metadata implies {want:?}", t.dims()),
+                ));
+            }
+            crate::checkpoint::check_finite(&hf, &t)?;
+            out.insert(hf, t.to_dtype(dtype)?);
+        }
+        for name in shapes.keys() {
+            if !out.contains_key(name) {
+                return Err(ModelError::tensor(
+                    name,
+                    format!("missing from {}", self.path.display()),
+                ));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The Hugging Face name of a llama.cpp tensor name (`blk.3.attn_q.bias` →
+/// `model.layers.3.self_attn.q_proj.bias`), or `None` for a name no Qwen2/Qwen3 model has.
+fn hf_name(gguf: &str, layers: usize) -> Option<String> {
+    match gguf {
+        "token_embd.weight" => return Some("model.embed_tokens.weight".into()),
+        "output_norm.weight" => return Some("model.norm.weight".into()),
+        "output.weight" => return Some("lm_head.weight".into()),
+        _ => {}
+    }
+    let rest = gguf.strip_prefix("blk.")?;
+    let (idx, rest) = rest.split_once('.')?;
+    let i: usize = idx.parse().ok()?;
+    if i >= layers {
+        return None;
+    }
+    let (part, kind) = rest.rsplit_once('.')?;
+    if kind != "weight" && kind != "bias" {
+        return None;
+    }
+    let module = match part {
+        "attn_norm" => "input_layernorm",
+        "ffn_norm" => "post_attention_layernorm",
+        "attn_q" => "self_attn.q_proj",
+        "attn_k" => "self_attn.k_proj",
+        "attn_v" => "self_attn.v_proj",
+        "attn_output" => "self_attn.o_proj",
+        "attn_q_norm" => "self_attn.q_norm",
+        "attn_k_norm" => "self_attn.k_norm",
+        "ffn_gate" => "mlp.gate_proj",
+        "ffn_up" => "mlp.up_proj",
+        "ffn_down" => "mlp.down_proj",
+        _ => return None,
+    };
+    Some(format!("model.layers.{i}.{module}.{kind}"))
+}
+
+/// Writes `gguf` as an HF checkpoint folder `out` with weights in `dtype`.
+pub fn convert(gguf: &Path, out: &Path, dtype: DType) -> Result<()> {
+    let g = Gguf::open(gguf)?;
+    let config = g.config_json()?;
+    let generation = g.generation_config_json()?;
+    let (tok, tok_cfg) = g.tokenizer_files()?;
+    // The tokenizer must build, with every token at the id the file gives it, before anything
+    // is written.
+    let built = tokenizers::Tokenizer::from_bytes(tok.to_string().as_bytes())
+        .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", gguf.display())))?;
+    for (id, t) in g.tokens()?.iter().enumerate() {
+        if built.token_to_id(t) != Some(id as u32) {
+            return Err(ModelError::Tokenizer(format!(
+                "{}: token {id} ({t:?}) is not unique in tokenizer.ggml.tokens",
+                gguf.display()
+            )));
+        }
+    }
+    let tensors = g.tensors(dtype)?;
+    save_checkpoint(out, &tensors, dtype, &config, Some(&generation), None)?;
+    for (name, v) in [
+        ("tokenizer.json", &tok),
+        ("tokenizer_config.json", &tok_cfg),
+    ] {
+        let p = out.join(name);
+        let text = serde_json::to_string_pretty(v).expect("json");
+        std::fs::write(&p, text + "\n").map_err(|e| ModelError::io(&p, e))?;
+    }
+    Ok(())
+}
+
+/// Whether `path` names a GGUF file (by extension).
+pub fn is_gguf(path: &Path) -> bool {
+    path.extension().and_then(|e| e.to_str()) == Some("gguf")
+}
+
+/// Whether `path` can name a model: a folder, or a `.gguf` file.
+pub fn is_model_path(path: &Path) -> bool {
+    path.is_dir() || (is_gguf(path) && path.is_file())
+}
+
+const STAMP: &str = "mtrl-gguf-source.json";
+
+/// Part of the stamp: bump it whenever the converter's output changes, so every cached folder is
+/// converted again.
+const CONVERTER_VERSION: u32 = 1;
+
+/// The checkpoint folder for `path`: `path` itself unless it is a `.gguf` file, which is converted
+/// (f32, lossless from the dequantised blocks) into `<stem>.mtrl-f32/` beside it on first use and
+/// reused while the source's size and modification time match the stamp in that folder.
+pub fn checkpoint_dir(path: &Path) -> Result<PathBuf> {
+    if !is_gguf(path) || !path.is_file() {
+        return Ok(path.to_path_buf());
+    }
+    let meta = std::fs::metadata(path).map_err(|e| ModelError::io(path, e))?;
+    let mtime = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    let stamp = json!({"source": path.file_name().map(|f| f.to_string_lossy()), "len": meta.len(),
+                       "mtime_ns": mtime.to_string(), "converter": CONVERTER_VERSION});
+    let stem = path
+        .file_stem()
+        .map_or("model".into(), |s| s.to_string_lossy());
+    let dir = path.with_file_name(format!("{stem}.mtrl-f32"));
+    let fresh = || {
+        std::fs::read_to_string(dir.join(STAMP))
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .as_ref()
+            == Some(&stamp)
+    };
+    if fresh() {
+        return Ok(dir);
+    }
+    // One process converts; the others (MPI ranks, parallel tests) wait for its stamp.
+    let lock = path.with_file_name(format!("{stem}.mtrl-f32.lock"));
+    let started = std::time::Instant::now();
+    loop {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&lock)
+        {
+            Ok(_) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                if fresh() {
+                    return Ok(dir);
+                }
+                let age = std::fs::metadata(&lock)
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok());
+                if age.is_some_and(|a| a > std::time::Duration::from_secs(1800)) {
+                    let _ = std::fs::remove_file(&lock); // left by a killed process
+                } else if started.elapsed() > std::time::Duration::from_secs(3600) {
+                    return Err(ModelError::checkpoint(
+                        &lock,
+                        "another process has been converting this GGUF for an hour; remove the \
+                         lock file if none is",
+                    ));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+            Err(e) => return Err(ModelError::io(&lock, e)),
+        }
+    }
+    let result = (|| {
+        if fresh() {
+            return Ok(());
+        }
+        let tmp = path.with_file_name(format!("{stem}.mtrl-f32.tmp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        convert(path, &tmp, DType::F32)?;
+        let p = tmp.join(STAMP);
+        std::fs::write(&p, stamp.to_string()).map_err(|e| ModelError::io(&p, e))?;
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(|e| ModelError::io(&dir, e))?;
+        }
+        std::fs::rename(&tmp, &dir).map_err(|e| ModelError::io(&dir, e))
+    })();
+    let _ = std::fs::remove_file(&lock);
+    result?;
+    Ok(dir)
+}
+
+#[cfg(test)]
+mod tests;
