@@ -27,4 +27,6 @@ pub use config::{
 pub use config::{Config, DataConfig, EnvConfig, SearchConfig};
 pub use error::{CoreError, Result};
 pub use record::{read_jsonl, SftRecord, StepRecord, Versioned};
-pub use trajectory::{FailureReason, ToolStats, Trajectory, TRAJECTORY_FORMAT_VERSION};
+pub use trajectory::{
+    CallErrorKind, FailureReason, ToolStats, Trajectory, TRAJECTORY_FORMAT_VERSION,
+};

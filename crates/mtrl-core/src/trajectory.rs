@@ -56,6 +56,39 @@ impl FailureReason {
     }
 }
 
+/// What kind of tool call the environment answered with an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallErrorKind {
+    /// The call could not be read: bad JSON, no `name`, unterminated block, … .
+    MalformedCall,
+    /// A well-formed call to a tool the environment does not have.
+    UnknownTool,
+    /// A known tool refused its arguments (missing query, unknown document id, …).
+    InvalidArguments,
+    /// More calls in one message than `env.max_calls_per_turn`.
+    TooManyCalls,
+}
+
+impl CallErrorKind {
+    pub const ALL: [CallErrorKind; 4] = [
+        CallErrorKind::MalformedCall,
+        CallErrorKind::UnknownTool,
+        CallErrorKind::InvalidArguments,
+        CallErrorKind::TooManyCalls,
+    ];
+
+    /// The serialised name (`malformed_call`, …).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            CallErrorKind::MalformedCall => "malformed_call",
+            CallErrorKind::UnknownTool => "unknown_tool",
+            CallErrorKind::InvalidArguments => "invalid_arguments",
+            CallErrorKind::TooManyCalls => "too_many_calls",
+        }
+    }
+}
+
 /// Tool-call bookkeeping of one episode.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ToolStats {
@@ -65,6 +98,9 @@ pub struct ToolStats {
     pub errors: u32,
     /// The error messages, in order (what the model was told).
     pub error_messages: Vec<String>,
+    /// Errors per kind, in first-seen order (absent in records written before kinds were kept).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub error_kinds: Vec<(CallErrorKind, u32)>,
 }
 
 impl ToolStats {
@@ -75,9 +111,21 @@ impl ToolStats {
         }
     }
 
-    pub fn count_error(&mut self, message: &str) {
+    pub fn count_error(&mut self, kind: CallErrorKind, message: &str) {
         self.errors += 1;
         self.error_messages.push(message.to_string());
+        match self.error_kinds.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, c)) => *c += 1,
+            None => self.error_kinds.push((kind, 1)),
+        }
+    }
+
+    /// Errors of `kind` in this episode.
+    pub fn errors_of(&self, kind: CallErrorKind) -> u32 {
+        self.error_kinds
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map_or(0, |(_, c)| *c)
     }
 
     pub fn total_calls(&self) -> u32 {
@@ -297,7 +345,8 @@ mod tests {
         t.failure = Some(FailureReason::TurnLimit);
         t.tools.count_call("bm25_search");
         t.tools.count_call("bm25_search");
-        t.tools.count_error("bad json");
+        t.tools
+            .count_error(CallErrorKind::MalformedCall, "bad json");
         t.tool_calls.push(ToolCallRecord {
             turn: 1,
             name: "bm25_search".into(),

@@ -41,7 +41,7 @@ pub use dataset::{hold_out, Cursor, Dataset, Mixer, TaskSets};
 pub use env::{run_episode, Action, Agent, Environment, Observation, Step};
 pub use error::{EnvError, Result};
 pub use mtrl_core::{ChatCodec, FailureReason, Message, ToolCall, Trajectory};
-pub use parser::{format_tool_call, parse_tool_calls, CallError};
+pub use parser::{format_tool_call, parse_calls, parse_tool_calls, CallError};
 pub use reward::Reward;
 pub use scripted::{Baseline, ScriptedAgent};
 pub use search_env::{standard_tools, standard_tools_over, SearchEnv};

@@ -21,13 +21,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use mtrl_core::trajectory::ToolCallRecord;
-use mtrl_core::{ChatCodec, EnvConfig, FailureReason, Message, Role, Trajectory};
+use mtrl_core::{CallErrorKind, ChatCodec, EnvConfig, FailureReason, Message, Role, Trajectory};
 use mtrl_search::{Retriever, SearchIndex};
 use serde_json::Value;
 
 use crate::env::{Action, Environment, Observation, Step};
 use crate::error::{EnvError, Result};
-use crate::parser::parse_tool_calls;
+use crate::parser::parse_calls;
 use crate::prompt::{default_system_prompt, Conversation, DefaultConversation};
 use crate::reward::{self, NdcgAt, Reward};
 use crate::shortcuts;
@@ -277,7 +277,7 @@ impl Environment for SearchEnv {
             Ok(t) => t,
             Err(why) => return self.fail(why),
         };
-        let calls = parse_tool_calls(&text);
+        let calls = parse_calls(&text, cfg.tool_calls);
         let history_len = {
             let ep = self.episode()?;
             ep.traj.messages.push(Message::assistant(text));
@@ -298,23 +298,32 @@ impl Environment for SearchEnv {
             let (name, result) = match call {
                 _ if i >= cfg.max_calls_per_turn => (
                     "error".to_string(),
-                    Err(format!(
-                        "too many tool calls in one message (at most {}); this one was not run",
-                        cfg.max_calls_per_turn
+                    Err((
+                        CallErrorKind::TooManyCalls,
+                        format!(
+                            "too many tool calls in one message (at most {}); this one was not run",
+                            cfg.max_calls_per_turn
+                        ),
                     )),
                 ),
-                Err(e) => ("error".to_string(), Err(e.0)),
+                Err(e) => (
+                    "error".to_string(),
+                    Err((CallErrorKind::MalformedCall, e.0)),
+                ),
                 Ok(call) => match tools.iter().find(|t| t.name() == call.name) {
                     None => (
                         call.name.clone(),
-                        Err(format!(
-                            "unknown tool `{}` (available: {})",
-                            call.name,
-                            tools
-                                .iter()
-                                .map(|t| t.name())
-                                .collect::<Vec<_>>()
-                                .join(", ")
+                        Err((
+                            CallErrorKind::UnknownTool,
+                            format!(
+                                "unknown tool `{}` (available: {})",
+                                call.name,
+                                tools
+                                    .iter()
+                                    .map(|t| t.name())
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            ),
                         )),
                     ),
                     Some(tool) => match shortcuts::resolve(
@@ -346,7 +355,10 @@ impl Environment for SearchEnv {
                         }
                         Err(ToolError::Invalid(msg)) => {
                             bad_answer |= tool.is_final();
-                            (call.name.clone(), Err(msg))
+                            (
+                                call.name.clone(),
+                                Err((CallErrorKind::InvalidArguments, msg)),
+                            )
                         }
                         Err(ToolError::Fatal(e)) => return Err(e),
                     },
@@ -358,12 +370,12 @@ impl Environment for SearchEnv {
                 arguments,
                 result_ids,
                 latency_ms: started.elapsed().as_secs_f64() * 1e3,
-                error: result.as_ref().err().cloned(),
+                error: result.as_ref().err().map(|(_, m)| m.clone()),
             });
             let content = match result {
                 Ok(c) => c,
-                Err(msg) => {
-                    ep.traj.tools.count_error(&msg);
+                Err((kind, msg)) => {
+                    ep.traj.tools.count_error(kind, &msg);
                     format!("error: {msg}")
                 }
             };

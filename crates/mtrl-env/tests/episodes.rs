@@ -122,6 +122,16 @@ fn malformed_calls_get_error_responses_and_are_counted() {
     assert_eq!(t.failure, None);
     assert_eq!(t.tools.errors, 4);
     assert_eq!(t.tools.error_messages.len(), 4);
+    // Counted by kind: the bad JSON, the unknown tool, the two refused argument lists.
+    use mtrl_core::CallErrorKind as K;
+    assert_eq!(
+        t.tools.error_kinds,
+        vec![
+            (K::MalformedCall, 1),
+            (K::UnknownTool, 1),
+            (K::InvalidArguments, 2)
+        ]
+    );
     let errors = t.tool_calls.iter().filter(|c| c.error.is_some()).count();
     assert_eq!(
         (t.tool_calls.len(), errors),
@@ -503,4 +513,29 @@ fn submit_top_takes_the_first_distinct_hits_of_the_episode() {
         last.arguments,
         serde_json::json!({"top": 3, "interleave": true})
     );
+}
+
+#[test]
+fn tolerant_tool_calls_read_fenced_json_and_strict_ones_do_not() {
+    let fenced = "```json\n{\"name\": \"bm25_search\", \"arguments\": {\"query\": \"wing\"}}\n```";
+    // Strict (the default): no <tool_call> block, so the message has no call and the episode ends.
+    let mut e = env(EnvConfig::default());
+    cont(e.reset(&task()).unwrap());
+    assert!(matches!(e.step(Action::text(fenced)).unwrap(), Step::Done));
+    assert_eq!(e.finish().unwrap().failure, Some(FailureReason::NoAnswer));
+    // Tolerant: the fenced object is the search call; the episode goes on.
+    let mut e = env(EnvConfig {
+        tool_calls: mtrl_core::config::ToolCallSyntax::Tolerant,
+        ..EnvConfig::default()
+    });
+    cont(e.reset(&task()).unwrap());
+    let obs = cont(e.step(Action::text(fenced)).unwrap());
+    assert!(obs
+        .messages
+        .iter()
+        .any(|m| m.role == Role::Tool && !m.content.starts_with("error")));
+    e.step(Action::text(SUBMIT)).unwrap();
+    let t = e.finish().unwrap();
+    assert_eq!(t.failure, None);
+    assert_eq!(t.tools.calls[0], ("bm25_search".to_string(), 1));
 }

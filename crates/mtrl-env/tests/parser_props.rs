@@ -2,8 +2,9 @@
 //! it never panics, returns one entry per opening tag, every accepted call has a non-empty name
 //! and object arguments, and well-formed calls round-trip exactly.
 
+use mtrl_core::config::ToolCallSyntax;
 use mtrl_core::rng::SplitMix64;
-use mtrl_env::parser::{format_tool_call, parse_tool_calls, CLOSE, OPEN};
+use mtrl_env::parser::{format_tool_call, parse_calls, parse_tool_calls, CLOSE, OPEN};
 use mtrl_env::ToolCall;
 use serde_json::{json, Value};
 
@@ -130,6 +131,21 @@ fn parser_never_panics_and_round_trips() {
             let text = random_text(&mut rng);
             let parsed = parse_tool_calls(&text);
             assert_eq!(parsed.len(), count_blocks(&text), "{text:?}");
+            // The tolerant reading never panics either, and keeps the blocks when there are any.
+            let tolerant = parse_calls(&text, ToolCallSyntax::Tolerant);
+            if !parsed.is_empty() {
+                assert_eq!(tolerant, parsed, "{text:?}");
+            }
+            for c in tolerant.into_iter().flatten() {
+                assert!(c.arguments.is_object());
+            }
+            let bare = text.replace(OPEN, "").replace(CLOSE, "");
+            for c in parse_calls(&bare, ToolCallSyntax::Tolerant)
+                .into_iter()
+                .flatten()
+            {
+                assert!(!c.name.trim().is_empty());
+            }
             for c in parsed.into_iter().flatten() {
                 assert!(!c.name.trim().is_empty());
                 assert!(c.arguments.is_object());

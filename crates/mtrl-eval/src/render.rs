@@ -133,6 +133,43 @@ impl EvalReport {
                 ));
             }
         }
+        out.push_str(&self.failure_table());
+        out
+    }
+
+    /// Greedy episodes by how they went wrong: the share that ended on each failure reason, and
+    /// the share with at least one tool call answered with an error of each kind (the episode
+    /// goes on after those).
+    fn failure_table(&self) -> String {
+        use mtrl_core::{CallErrorKind, FailureReason};
+        let mut out = String::from(
+            "\nGreedy episodes by failure (share that ended so) and by tool-call error (share with at least one):\n\n| benchmark | model |",
+        );
+        for f in FailureReason::ALL {
+            out.push_str(&format!(" {} |", f.as_str()));
+        }
+        for k in CallErrorKind::ALL {
+            out.push_str(&format!(" {} |", k.as_str()));
+        }
+        out.push('\n');
+        out.push_str("|---|---|");
+        out.push_str(&"---:|".repeat(FailureReason::ALL.len() + CallErrorKind::ALL.len()));
+        out.push('\n');
+        for d in &self.datasets {
+            for r in &d.runs {
+                let n = d.size.max(1) as f64;
+                out.push_str(&format!("| {} | {} |", d.benchmark, r.label));
+                for f in FailureReason::ALL {
+                    let c = r.summary.failures.get(f.as_str()).copied().unwrap_or(0);
+                    out.push_str(&format!(" {:.2} |", c as f64 / n));
+                }
+                for k in CallErrorKind::ALL {
+                    let c = r.summary.call_errors.get(k.as_str()).copied().unwrap_or(0);
+                    out.push_str(&format!(" {:.2} |", c as f64 / n));
+                }
+                out.push('\n');
+            }
+        }
         out
     }
 
@@ -246,6 +283,7 @@ mod tests {
                 tokens_per_task: tokens,
                 s_per_task: 0.5,
                 failures: Default::default(),
+                call_errors: Default::default(),
             },
             tasks: Vec::new(),
             strategy: None,

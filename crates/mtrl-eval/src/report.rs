@@ -114,6 +114,9 @@ pub struct TaskResult {
     /// Fraction of the sampled attempts that failed (absent when k = 0).
     #[serde(default)]
     pub sampled_fail_rate: Option<f64>,
+    /// Tool calls of the greedy episode answered with an error, by kind (`malformed_call`, …).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub call_errors: BTreeMap<String, u32>,
 }
 
 impl TaskResult {
@@ -161,6 +164,12 @@ impl TaskResult {
             pass_at_k,
             sampled_reward,
             sampled_fail_rate,
+            call_errors: greedy
+                .tools
+                .error_kinds
+                .iter()
+                .map(|(k, n)| (k.as_str().to_string(), *n))
+                .collect(),
         })
     }
 }
@@ -184,6 +193,10 @@ pub struct Summary {
     pub s_per_task: f64,
     /// Failed greedy episodes by reason.
     pub failures: BTreeMap<String, usize>,
+    /// Greedy episodes with at least one tool call answered with an error of this kind
+    /// (`malformed_call`, `unknown_tool`, `invalid_arguments`, `too_many_calls`).
+    #[serde(default)]
+    pub call_errors: BTreeMap<String, usize>,
 }
 
 impl Summary {
@@ -193,6 +206,10 @@ impl Summary {
         let mut failures = BTreeMap::new();
         for f in tasks.iter().filter_map(|t| t.failure) {
             *failures.entry(f.as_str().to_string()).or_insert(0) += 1;
+        }
+        let mut call_errors = BTreeMap::new();
+        for kind in tasks.iter().flat_map(|t| t.call_errors.keys()) {
+            *call_errors.entry(kind.clone()).or_insert(0) += 1;
         }
         let pass = tasks
             .iter()
@@ -221,6 +238,7 @@ impl Summary {
             tokens_per_task: token_mode.then(|| mean(&|t| t.tokens as f64)),
             s_per_task: wall_s / n,
             failures,
+            call_errors,
         }
     }
 }

@@ -369,7 +369,9 @@ impl Capture {
             self.traj.tools.count_call(name);
         }
         for (_, e) in &reply.invalid {
-            self.traj.tools.count_error(e);
+            self.traj
+                .tools
+                .count_error(mtrl_core::CallErrorKind::MalformedCall, e);
         }
         let mut history = p.history;
         history.push(Message::assistant(text));

@@ -22,6 +22,9 @@
 //! reward = "ndcg@10"           # "recall@K", "exact_match", or a weighted sum:
 //! # reward = { "ndcg@10" = 0.8, "recall@100" = 0.2 }
 //! system_prompt = "…"          # optional; replaces the built-in instructions (tools are still listed)
+//! tool_calls = "strict"        # "strict": only <tool_call>{json}</tool_call> blocks are calls;
+//!                              # "tolerant": without such a block, JSON objects with a "name" in
+//!                              # the message (in Markdown fences or bare) are read as calls too
 //! ```
 
 use std::collections::BTreeMap;
@@ -56,6 +59,7 @@ pub struct EnvSpec {
     pub failure_reward: Option<f64>,
     pub reward: Option<RewardSpec>,
     pub system_prompt: Option<String>,
+    pub tool_calls: Option<String>,
 }
 
 /// One reward function, by name.
@@ -125,6 +129,33 @@ pub struct RewardChoice {
     pub terms: Vec<(RewardKind, f64)>,
 }
 
+/// Which assistant text is read as a tool call (`env.tool_calls`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolCallSyntax {
+    /// Only `<tool_call>{json}</tool_call>` blocks, as Qwen's chat template asks for.
+    Strict,
+    /// Those blocks; and, in a message without any, every JSON object with a `name` key, bare or
+    /// in a Markdown code fence (what small models often write instead).
+    Tolerant,
+}
+
+impl ToolCallSyntax {
+    pub fn parse(s: &str) -> Option<ToolCallSyntax> {
+        match s {
+            "strict" => Some(ToolCallSyntax::Strict),
+            "tolerant" => Some(ToolCallSyntax::Tolerant),
+            _ => None,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            ToolCallSyntax::Strict => "strict",
+            ToolCallSyntax::Tolerant => "tolerant",
+        }
+    }
+}
+
 /// What a `submit` listing more than `final_k` ids gets (`env.submit_excess`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SubmitExcess {
@@ -174,6 +205,8 @@ pub struct EnvConfig {
     pub failure_reward: f64,
     pub reward: RewardChoice,
     pub system_prompt: Option<String>,
+    /// Which assistant text is read as a tool call.
+    pub tool_calls: ToolCallSyntax,
 }
 
 impl Default for EnvConfig {
@@ -196,6 +229,7 @@ impl Default for EnvConfig {
                 terms: vec![(RewardKind::Ndcg(10), 1.0)],
             },
             system_prompt: None,
+            tool_calls: ToolCallSyntax::Strict,
         }
     }
 }
@@ -245,6 +279,15 @@ impl EnvSpec {
                 ctx.invalid(
                     "env.submit_excess",
                     format!("`{s}` is not \"cut\" or \"refuse\""),
+                )
+            })?,
+        };
+        let tool_calls = match &self.tool_calls {
+            None => d.tool_calls,
+            Some(s) => ToolCallSyntax::parse(s).ok_or_else(|| {
+                ctx.invalid(
+                    "env.tool_calls",
+                    format!("`{s}` is not \"strict\" or \"tolerant\""),
                 )
             })?,
         };
@@ -319,6 +362,7 @@ impl EnvSpec {
             failure_reward,
             reward,
             system_prompt: self.system_prompt,
+            tool_calls,
         })
     }
 }
@@ -407,6 +451,28 @@ mod tests {
             .to_string();
         assert!(
             msg.contains("env.hits") && msg.contains("snippets"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn tool_calls_parses_and_unknown_values_name_the_key() {
+        let e = load("[env]\ntool_calls = \"tolerant\"\n")
+            .unwrap()
+            .env
+            .unwrap();
+        assert_eq!(e.tool_calls, ToolCallSyntax::Tolerant);
+        assert_eq!(
+            ToolCallSyntax::parse(e.tool_calls.name()),
+            Some(e.tool_calls)
+        );
+        let d = load("[env]\n").unwrap().env.unwrap();
+        assert_eq!(d.tool_calls, ToolCallSyntax::Strict);
+        let msg = load("[env]\ntool_calls = \"lenient\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("env.tool_calls") && msg.contains("lenient"),
             "{msg}"
         );
     }

@@ -28,7 +28,10 @@ pub use algorithm::{
 pub use checkpoint::{CheckpointConfig, CheckpointSpec};
 pub use data::{DataConfig, DataSpec, DatasetConfig, OneOrMany};
 pub use distributed::{DistributedConfig, DistributedSpec, GRAD_REDUCES};
-pub use env::{EnvConfig, EnvSpec, HitFormat, RewardChoice, RewardKind, RewardSpec, SubmitExcess};
+pub use env::{
+    EnvConfig, EnvSpec, HitFormat, RewardChoice, RewardKind, RewardSpec, SubmitExcess,
+    ToolCallSyntax,
+};
 pub use hyperparameters::HyperparametersSpec;
 pub use logging::{LoggingConfig, LoggingSpec};
 pub use lora::{check_lora, LoraConfig, LoraField, LoraSpec, LORA_SERVINGS, LORA_TARGETS};
