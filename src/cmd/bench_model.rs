@@ -1,5 +1,5 @@
 //! `mtrl bench model`: prefill, decode and training throughput of a Qwen-shaped model with random
-//! weights; prints one JSON object. The training figure with optimizer runs the learner's AdamW
+//! weights (`--config`) or a checkpoint's own (`--model`); prints one JSON object. The training figure with optimizer runs the learner's AdamW
 //! (f32 master weights and moments for a bf16 model), as a training step does.
 
 use std::collections::BTreeMap;
@@ -8,14 +8,17 @@ use std::path::PathBuf;
 use anyhow::Context;
 use candle_core::Tensor;
 use mtrl_learner::{AdamW, AdamWConfig};
-use mtrl_model::bench::{run_bench_with, BenchOptions};
+use mtrl_model::bench::{run_bench_on, BenchOptions};
 use mtrl_model::{Config, Policy};
 
 #[derive(clap::Args, Debug)]
 pub struct BenchModelArgs {
-    /// A config.json giving the model shape (e.g. bench/bench-small.json).
+    /// A config.json giving the model shape (e.g. bench/bench-small.json); random weights.
+    #[arg(long, required_unless_present = "model", conflicts_with = "model")]
+    pub config: Option<PathBuf>,
+    /// A checkpoint folder or `.gguf` file: its own weights (e.g. a real Qwen, docs/model.md).
     #[arg(long)]
-    pub config: PathBuf,
+    pub model: Option<PathBuf>,
     /// Decode batch sizes.
     #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
     pub batch_sizes: Vec<usize>,
@@ -63,8 +66,17 @@ pub enum Phase {
 pub fn run(args: &BenchModelArgs) -> anyhow::Result<()> {
     let device = mtrl_model::parse_device(&args.device)?;
     let dtype = mtrl_model::parse_dtype(&args.dtype)?;
-    let cfg = Config::from_file(&args.config)
-        .with_context(|| format!("reading {}", args.config.display()))?;
+    let policy = match (&args.model, &args.config) {
+        (Some(m), _) => {
+            Policy::load(m, dtype, &device).with_context(|| format!("loading {}", m.display()))?
+        }
+        (None, Some(c)) => {
+            let cfg = Config::from_file(c).with_context(|| format!("reading {}", c.display()))?;
+            Policy::random(cfg, dtype, &device)?
+        }
+        (None, None) => anyhow::bail!("--config or --model is needed"),
+    };
+    let cfg = policy.config().clone();
     anyhow::ensure!(
         args.prompt_len >= 1 && args.prompt_len + args.new_tokens <= cfg.max_position_embeddings,
         "prompt_len + new_tokens must fit max_position_embeddings ({})",
@@ -98,7 +110,7 @@ pub fn run(args: &BenchModelArgs) -> anyhow::Result<()> {
     };
     let hook: Option<mtrl_model::bench::OptimizerHook<'_>> =
         (!args.no_optimizer).then_some(&mut step);
-    let report = run_bench_with(cfg, dtype, &device, &opts, hook)?;
+    let report = run_bench_on(&policy, &device, &opts, hook)?;
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
 }

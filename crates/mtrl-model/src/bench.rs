@@ -164,8 +164,19 @@ pub fn run_bench_with(
     opts: &BenchOptions,
     optimizer: Option<OptimizerHook<'_>>,
 ) -> Result<BenchReport> {
-    let vocab = cfg.vocab_size;
     let policy = Policy::random(cfg, dtype, device)?;
+    run_bench_on(&policy, device, opts, optimizer)
+}
+
+/// [`run_bench_with`] on a loaded policy (a real checkpoint's own weights).
+pub fn run_bench_on(
+    policy: &Policy,
+    device: &Device,
+    opts: &BenchOptions,
+    optimizer: Option<OptimizerHook<'_>>,
+) -> Result<BenchReport> {
+    let vocab = policy.config().vocab_size;
+    let dtype = policy.dtype();
     let num_parameters = policy
         .named_parameters()
         .values()
@@ -174,14 +185,14 @@ pub fn run_bench_with(
     let mut mem = MemPeak::default();
     mem.sample(device);
     let prefill_tokens_per_s = if opts.prefill {
-        Some(prefill(&policy, device, opts, vocab)?)
+        Some(prefill(policy, device, opts, vocab)?)
     } else {
         None
     };
     let mut decode = Vec::new();
     if opts.decode {
         for &b in &opts.batch_sizes {
-            decode.push(decode_at(&policy, device, opts, vocab, b, &mut mem)?);
+            decode.push(decode_at(policy, device, opts, vocab, b, &mut mem)?);
         }
     }
     let (mut train_tokens_per_s, mut train_step_tokens_per_s) = (None, None);
@@ -198,7 +209,7 @@ pub fn run_bench_with(
             for r0 in (0..tb).step_by(mb) {
                 let rows = train_ids.narrow(0, r0, mb.min(tb - r0))?;
                 let (_, _, grads) =
-                    logprobs_and_grads(&policy, &rows, None, 1.0, |lp| lp.mean_all()?.neg())?;
+                    logprobs_and_grads(policy, &rows, None, 1.0, |lp| lp.mean_all()?.neg())?;
                 mem.sample(device);
                 for (name, var) in policy.named_parameters() {
                     if let Some(g) = grads.get(var) {
@@ -214,7 +225,7 @@ pub fn run_bench_with(
             device.synchronize()?;
             mem.sample(device);
             if let Some(h) = hook {
-                h(&policy, &acc)?;
+                h(policy, &acc)?;
                 device.synchronize()?;
                 mem.sample(device);
             }
