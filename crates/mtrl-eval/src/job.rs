@@ -220,7 +220,6 @@ pub fn load_adapted(
             path: dir.to_path_buf(),
         });
     }
-    let dir = &mtrl_model::gguf::checkpoint_dir(dir).map_err(|e| bad(e.to_string()))?;
     let mut policy = Policy::load(dir, dtype, device).map_err(|e| bad(e.to_string()))?;
     if let Some(a) = adapter {
         policy = policy.load_adapter(a).map_err(|e| EvalError::Model {
@@ -228,9 +227,11 @@ pub fn load_adapted(
             message: e.to_string(),
         })?;
     }
+    // A `.gguf` model's tokenizer files are in the folder kept beside it.
+    let files = mtrl_model::gguf::checkpoint_dir(dir).map_err(|e| bad(e.to_string()))?;
     let tok_dir = match tokenizer {
-        Some(t) if !dir.join("tokenizer.json").is_file() => t,
-        _ => dir,
+        Some(t) if !files.join("tokenizer.json").is_file() => t,
+        _ => files.as_path(),
     };
     let tok = Tokenizer::from_dir(tok_dir).map_err(|e| bad(e.to_string()))?;
     tok.check_vocab(policy.config().vocab_size)

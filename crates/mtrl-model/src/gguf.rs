@@ -16,12 +16,15 @@
 //! - `head_dim` is `attention.key_length` when given, else `embedding_length / head_count`
 //!   (Qwen2 files carry no `rope.dimension_count`; when present it must equal `head_dim`).
 //!
-//! A `.gguf` given where a checkpoint folder is expected (`[model] path`, `--model`) is converted
-//! once into `<file stem>.mtrl-f32/` beside it ([`checkpoint_dir`]), stamped with the source's size
-//! and modification time, and reused while the stamp matches; one process converts (a lock file
-//! beside it), the others wait for the stamp.
+//! A `.gguf` given where a checkpoint folder is expected (`[model] path`, `--model`) is loaded
+//! directly: its small files are written once into `<file stem>.mtrl/` beside it
+//! ([`checkpoint_dir`], stamped with the source's size and modification time, one process writing
+//! while the others wait), and its weights are dequantised from the file at each load.
 
+mod cache;
 mod tokenizer;
+
+pub use cache::{checkpoint_dir, is_gguf, is_model_path, source_of};
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -428,128 +431,79 @@ fn hf_name(gguf: &str, layers: usize) -> Option<String> {
 /// Writes `gguf` as an HF checkpoint folder `out` with weights in `dtype`.
 pub fn convert(gguf: &Path, out: &Path, dtype: DType) -> Result<()> {
     let g = Gguf::open(gguf)?;
-    let config = g.config_json()?;
-    let generation = g.generation_config_json()?;
-    let (tok, tok_cfg) = g.tokenizer_files()?;
-    // The tokenizer must build, with every token at the id the file gives it, before anything
-    // is written.
-    let built = tokenizers::Tokenizer::from_bytes(tok.to_string().as_bytes())
-        .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", gguf.display())))?;
-    for (id, t) in g.tokens()?.iter().enumerate() {
-        if built.token_to_id(t) != Some(id as u32) {
-            return Err(ModelError::Tokenizer(format!(
-                "{}: token {id} ({t:?}) is not unique in tokenizer.ggml.tokens",
-                gguf.display()
-            )));
-        }
-    }
+    let files = g.small_files()?;
     let tensors = g.tensors(dtype)?;
-    save_checkpoint(out, &tensors, dtype, &config, Some(&generation), None)?;
-    for (name, v) in [
-        ("tokenizer.json", &tok),
-        ("tokenizer_config.json", &tok_cfg),
-    ] {
-        let p = out.join(name);
-        let text = serde_json::to_string_pretty(v).expect("json");
-        std::fs::write(&p, text + "\n").map_err(|e| ModelError::io(&p, e))?;
-    }
-    Ok(())
+    save_checkpoint(
+        out,
+        &tensors,
+        dtype,
+        &files.config,
+        Some(&files.generation),
+        None,
+    )?;
+    files.write_tokenizer(out)
 }
 
-/// Whether `path` names a GGUF file (by extension).
-pub fn is_gguf(path: &Path) -> bool {
-    path.extension().and_then(|e| e.to_str()) == Some("gguf")
+/// The checkpoint files other than the weights.
+struct SmallFiles {
+    config: Value,
+    generation: Value,
+    tokenizer: Value,
+    tokenizer_config: Value,
 }
 
-/// Whether `path` can name a model: a folder, or a `.gguf` file.
-pub fn is_model_path(path: &Path) -> bool {
-    path.is_dir() || (is_gguf(path) && path.is_file())
+impl SmallFiles {
+    fn write_tokenizer(&self, out: &Path) -> Result<()> {
+        for (name, v) in [
+            ("tokenizer.json", &self.tokenizer),
+            ("tokenizer_config.json", &self.tokenizer_config),
+        ] {
+            let p = out.join(name);
+            let text = serde_json::to_string_pretty(v).expect("json");
+            std::fs::write(&p, text + "\n").map_err(|e| ModelError::io(&p, e))?;
+        }
+        Ok(())
+    }
+
+    /// `config.json`, `generation_config.json` and the tokenizer files into `out` (created).
+    fn write_all(&self, out: &Path) -> Result<()> {
+        std::fs::create_dir_all(out).map_err(|e| ModelError::io(out, e))?;
+        for (name, v) in [
+            ("config.json", &self.config),
+            ("generation_config.json", &self.generation),
+        ] {
+            let p = out.join(name);
+            let text = serde_json::to_string_pretty(v).expect("json");
+            std::fs::write(&p, text + "\n").map_err(|e| ModelError::io(&p, e))?;
+        }
+        self.write_tokenizer(out)
+    }
 }
 
-const STAMP: &str = "mtrl-gguf-source.json";
-
-/// Part of the stamp: bump it whenever the converter's output changes, so every cached folder is
-/// converted again.
-const CONVERTER_VERSION: u32 = 1;
-
-/// The checkpoint folder for `path`: `path` itself unless it is a `.gguf` file, which is converted
-/// (f32, lossless from the dequantised blocks) into `<stem>.mtrl-f32/` beside it on first use and
-/// reused while the source's size and modification time match the stamp in that folder.
-pub fn checkpoint_dir(path: &Path) -> Result<PathBuf> {
-    if !is_gguf(path) || !path.is_file() {
-        return Ok(path.to_path_buf());
-    }
-    let meta = std::fs::metadata(path).map_err(|e| ModelError::io(path, e))?;
-    let mtime = meta
-        .modified()
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_nanos());
-    let stamp = json!({"source": path.file_name().map(|f| f.to_string_lossy()), "len": meta.len(),
-                       "mtime_ns": mtime.to_string(), "converter": CONVERTER_VERSION});
-    let stem = path
-        .file_stem()
-        .map_or("model".into(), |s| s.to_string_lossy());
-    let dir = path.with_file_name(format!("{stem}.mtrl-f32"));
-    let fresh = || {
-        std::fs::read_to_string(dir.join(STAMP))
-            .ok()
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-            .as_ref()
-            == Some(&stamp)
-    };
-    if fresh() {
-        return Ok(dir);
-    }
-    // One process converts; the others (MPI ranks, parallel tests) wait for its stamp.
-    let lock = path.with_file_name(format!("{stem}.mtrl-f32.lock"));
-    let started = std::time::Instant::now();
-    loop {
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&lock)
-        {
-            Ok(_) => break,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                if fresh() {
-                    return Ok(dir);
-                }
-                let age = std::fs::metadata(&lock)
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|t| t.elapsed().ok());
-                if age.is_some_and(|a| a > std::time::Duration::from_secs(1800)) {
-                    let _ = std::fs::remove_file(&lock); // left by a killed process
-                } else if started.elapsed() > std::time::Duration::from_secs(3600) {
-                    return Err(ModelError::checkpoint(
-                        &lock,
-                        "another process has been converting this GGUF for an hour; remove the \
-                         lock file if none is",
-                    ));
-                }
-                std::thread::sleep(std::time::Duration::from_millis(200));
+impl Gguf {
+    /// Everything but the weights, with the tokenizer checked to build with every token at the
+    /// id the file gives it.
+    fn small_files(&self) -> Result<SmallFiles> {
+        let config = self.config_json()?;
+        let generation = self.generation_config_json()?;
+        let (tokenizer, tokenizer_config) = self.tokenizer_files()?;
+        let built = tokenizers::Tokenizer::from_bytes(tokenizer.to_string().as_bytes())
+            .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", self.path.display())))?;
+        for (id, t) in self.tokens()?.iter().enumerate() {
+            if built.token_to_id(t) != Some(id as u32) {
+                return Err(ModelError::Tokenizer(format!(
+                    "{}: token {id} ({t:?}) is not unique in tokenizer.ggml.tokens",
+                    self.path.display()
+                )));
             }
-            Err(e) => return Err(ModelError::io(&lock, e)),
         }
+        Ok(SmallFiles {
+            config,
+            generation,
+            tokenizer,
+            tokenizer_config,
+        })
     }
-    let result = (|| {
-        if fresh() {
-            return Ok(());
-        }
-        let tmp = path.with_file_name(format!("{stem}.mtrl-f32.tmp-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
-        convert(path, &tmp, DType::F32)?;
-        let p = tmp.join(STAMP);
-        std::fs::write(&p, stamp.to_string()).map_err(|e| ModelError::io(&p, e))?;
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir).map_err(|e| ModelError::io(&dir, e))?;
-        }
-        std::fs::rename(&tmp, &dir).map_err(|e| ModelError::io(&dir, e))
-    })();
-    let _ = std::fs::remove_file(&lock);
-    result?;
-    Ok(dir)
 }
 
 #[cfg(test)]

@@ -89,10 +89,20 @@ pub fn parameter_shapes(cfg: &Config) -> Vec<(String, Vec<usize>)> {
 
 impl Policy {
     /// Loads `config.json`, `generation_config.json` and the weights of an HF checkpoint folder.
-    /// A `.gguf` file is accepted too: it is converted once into a folder beside it
-    /// ([`crate::gguf::checkpoint_dir`]).
+    /// A Qwen2/Qwen3 `.gguf` file is accepted too: its weights are dequantised from the file, its
+    /// config and tokenizer files come from the folder [`crate::gguf::checkpoint_dir`] keeps beside
+    /// it (the policy's `source_dir`, whose tokenizer files a saved checkpoint copies).
     pub fn load(dir: &Path, dtype: DType, device: &Device) -> Result<Self> {
-        let dir = &crate::gguf::checkpoint_dir(dir)?;
+        if crate::gguf::is_gguf(dir) && dir.is_file() {
+            let meta = crate::gguf::checkpoint_dir(dir)?;
+            let config = Config::from_file(&meta.join("config.json"))?;
+            let generation = GenerationConfig::from_dir(&meta)?;
+            let tensors = crate::gguf::Gguf::open(dir)?.tensors(dtype)?;
+            let mut p = Self::from_tensors(config, tensors.into_iter().collect(), dtype, device)?;
+            p.generation = generation;
+            p.source_dir = Some(meta);
+            return Ok(p);
+        }
         if crate::lora::peft::is_adapter_dir(dir) && !dir.join("config.json").is_file() {
             return Err(ModelError::checkpoint(
                 dir,

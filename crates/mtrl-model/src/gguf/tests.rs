@@ -335,20 +335,39 @@ fn a_gguf_path_is_converted_once_and_again_when_it_changes() {
     let path = dir.path().join("m.gguf");
     write(&spec(false), &path);
     let d = checkpoint_dir(&path).unwrap();
-    assert_eq!(d, dir.path().join("m.mtrl-f32"));
-    let before = std::fs::metadata(d.join("model.safetensors"))
-        .unwrap()
-        .modified()
-        .unwrap();
+    assert_eq!(d, dir.path().join("m.mtrl"));
+    assert!(d.join("tokenizer.json").is_file() && !d.join("model.safetensors").exists());
+    assert_eq!(source_of(&d), Some(path.clone()));
+    let mtime = |d: &Path| {
+        std::fs::metadata(d.join("config.json"))
+            .unwrap()
+            .modified()
+            .unwrap()
+    };
+    let before = mtime(&d);
     assert_eq!(checkpoint_dir(&path).unwrap(), d);
-    let again = std::fs::metadata(d.join("model.safetensors"))
-        .unwrap()
-        .modified()
-        .unwrap();
-    assert_eq!(before, again, "an unchanged source is not converted again");
-    // Through the ordinary loaders.
+    assert_eq!(
+        before,
+        mtime(&d),
+        "an unchanged source is not converted again"
+    );
+    // Through the ordinary loaders: the weights straight from the file, the same values as a
+    // converted folder's.
     let p = Policy::load(&path, DType::F32, &Device::Cpu).unwrap();
     assert!(!p.config().tie_word_embeddings);
+    assert_eq!(p.source_dir(), Some(d.as_path()));
+    convert(&path, &dir.path().join("hf"), DType::F32).unwrap();
+    let q = Policy::load(&dir.path().join("hf"), DType::F32, &Device::Cpu).unwrap();
+    for (name, v) in p.named_parameters() {
+        let w = q.named_parameters()[name].as_tensor();
+        let diff = (v.as_tensor() - w)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap();
+        assert_eq!(diff.to_scalar::<f32>().unwrap(), 0.0, "{name}");
+    }
     Tokenizer::from_dir(&path).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(20));
     write(&spec(true), &path);
@@ -371,5 +390,5 @@ fn a_gguf_path_is_converted_once_and_again_when_it_changes() {
     for l in loaders {
         l.join().unwrap().unwrap();
     }
-    assert!(!dir.path().join("m.mtrl-f32.lock").exists());
+    assert!(!dir.path().join("m.mtrl.lock").exists());
 }

@@ -121,10 +121,16 @@ impl Policy {
             .into_iter()
             .map(|(n, v)| (n, v.as_tensor().detach()))
             .collect();
-        let name = self
-            .source_dir
-            .as_ref()
-            .map_or_else(|| "random".to_string(), |d| d.display().to_string());
+        let name = self.source_dir.as_ref().map_or_else(
+            || "random".to_string(),
+            // A policy loaded from a `.gguf` names the file, not its small-files folder.
+            |d| {
+                crate::gguf::source_of(d)
+                    .unwrap_or_else(|| d.clone())
+                    .display()
+                    .to_string()
+            },
+        );
         self.lora = Some(LoraState::new(spec, name));
         self.build_views()?;
         Ok(self)
