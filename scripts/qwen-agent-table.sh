@@ -56,6 +56,9 @@ open(path, "w").write(text)
 PY
   fi
   printf '\n[logging]\ntrajectories = true\n' >> "$f"
+  # The edits must have taken: a silent no-op would publish the default setting under another name.
+  grep -q "^tool_calls = \"$syntax\"$" "$f" || { echo "$f: tool_calls not set to $syntax" >&2; exit 1; }
+  if [ "$prompt" != builtin ]; then grep -q '^system_prompt = ' "$f" || { echo "$f: no system_prompt" >&2; exit 1; }; fi
   echo "$f"
 }
 

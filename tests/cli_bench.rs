@@ -1,5 +1,6 @@
-//! `mtrl bench model` on a checkpoint's own weights (`--model`, a folder or a `.gguf`) and on a
-//! config's shape with random weights (`--config`): the JSON names what was measured.
+//! `mtrl bench model` on a checkpoint folder's own weights (`--model`; a `.gguf` is in
+//! tests/real_qwen.rs) and on a config's shape with random weights (`--config`): the JSON names what
+//! was measured.
 
 mod common;
 use common::{json, mtrl, repo};

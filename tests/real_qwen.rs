@@ -113,6 +113,7 @@ fn the_converted_model_matches_transformers_gguf_loader() {
     // Greedy through the engine, all prompts in one batch.
     let mut engine = Engine::new(policy, None, 0, 8).unwrap();
     let out = engine.generate(requests).unwrap();
+    assert_eq!(out.len(), prompts.len());
     for (c, p) in out.iter().zip(prompts) {
         let name = p["name"].as_str().unwrap();
         assert_eq!(
@@ -251,7 +252,60 @@ fn a_short_greedy_eval_of_the_real_model_runs_and_reports_failure_kinds() {
     let policy = runs.iter().find(|r| r["kind"] == "policy").unwrap();
     let tokens = policy["summary"]["tokens_per_task"].as_f64().unwrap();
     assert!(tokens > 0.0, "{policy}");
-    assert!(policy["summary"]["call_errors"].is_object());
+    // The summary's call-error counts are the tasks that had such an error.
+    let tasks = policy["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 2);
+    for kind in [
+        "malformed_call",
+        "unknown_tool",
+        "invalid_arguments",
+        "too_many_calls",
+    ] {
+        let with = tasks
+            .iter()
+            .filter(|t| t["call_errors"].get(kind).is_some())
+            .count();
+        let summary = policy["summary"]["call_errors"]
+            .get(kind)
+            .map_or(0, |v| v.as_u64().unwrap() as usize);
+        assert_eq!(summary, with, "{kind}: {policy}");
+    }
+    let failures: u64 = policy["summary"]["failures"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    let failed = tasks.iter().filter(|t| !t["failure"].is_null()).count();
+    assert_eq!(failures as usize, failed, "{policy}");
+}
+
+/// `mtrl bench model` on the `.gguf` itself: its own weights (630,167,424 parameters with the
+/// separate output head).
+#[test]
+fn bench_model_runs_on_the_gguf() {
+    let src = gguf();
+    let (ok, out, err) = common::mtrl(&[
+        "bench",
+        "model",
+        "--model",
+        src.to_str().unwrap(),
+        "--phases",
+        "decode",
+        "--batch-sizes",
+        "1",
+        "--prompt-len",
+        "8",
+        "--new-tokens",
+        "2",
+        "--repeats",
+        "1",
+    ]);
+    assert!(ok, "{err}");
+    let r = common::json(&out);
+    assert_eq!(r["model_type"], "qwen2", "{r}");
+    assert_eq!(r["num_parameters"], 630_167_424u64, "{r}");
+    assert!(r["decode"][0]["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
 }
 
 /// The three agent configs of the published table validate and hold the managed service's

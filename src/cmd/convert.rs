@@ -23,6 +23,9 @@ pub struct ConvertArgs {
 
 pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
     let dtype = mtrl_model::parse_dtype(&args.dtype)?;
+    if args.out.exists() && !args.out.is_dir() {
+        bail!("--out {} is a file, not a folder", args.out.display());
+    }
     if args.out.exists() && std::fs::read_dir(&args.out)?.next().is_some() {
         bail!("--out {} is not empty", args.out.display());
     }

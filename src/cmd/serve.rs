@@ -127,6 +127,14 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             args.tokenizer.clone(),
         ),
     };
+    if let Some(c) = &cfg {
+        anyhow::ensure!(
+            c.env_or_default().tool_calls == mtrl_core::config::ToolCallSyntax::Strict,
+            "{}: env.tool_calls = \"tolerant\" is for the built-in search environment; `mtrl serve` \
+             returns <tool_call> blocks as tool_calls and leaves other text to your agent",
+            c.source.display()
+        );
+    }
     mtrl_train::serve::serve_policy(mtrl_train::serve::ServeOptions {
         model: args.model.clone(),
         tokenizer,

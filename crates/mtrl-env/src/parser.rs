@@ -50,7 +50,11 @@ fn bare_json_calls(text: &str) -> Vec<Result<ToolCall, CallError>> {
             _ => {
                 // Not JSON from here: a named call cut short is reported once, then scanning
                 // goes on after this brace.
-                let head = &text[start..text.len().min(start + 200)];
+                let mut end = text.len().min(start + 200);
+                while !text.is_char_boundary(end) {
+                    end -= 1;
+                }
+                let head = &text[start..end];
                 if head.contains("\"name\"") && out.is_empty() && !looks_complete(&text[start..]) {
                     out.push(Err(CallError(
                         "a tool call could not be read as JSON (unbalanced braces or quotes?); \
@@ -205,6 +209,13 @@ mod tests {
         let calls = parse_calls(cut, ToolCallSyntax::Tolerant);
         assert_eq!(calls.len(), 1);
         assert!(calls[0].is_err());
+        // Multi-byte text after a stray brace (the cut at 200 bytes falls inside a character).
+        for n in [66, 67, 100, 300] {
+            let t = format!("{{{}", "漢".repeat(n));
+            assert!(parse_calls(&t, ToolCallSyntax::Tolerant).is_empty());
+            let t = format!("{{\"name\": \"submit\" {}", "é✈".repeat(n));
+            assert_eq!(parse_calls(&t, ToolCallSyntax::Tolerant).len(), 1);
+        }
         // Prose braces and objects without a name are not calls.
         assert!(parse_calls("use {x} and {\"k\": 1}", ToolCallSyntax::Tolerant).is_empty());
     }

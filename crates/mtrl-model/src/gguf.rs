@@ -191,11 +191,16 @@ impl Gguf {
         let key = self.arch_key(k);
         match self.get(&key) {
             None => Ok(None),
-            Some(v) => v
-                .to_u64()
-                .map(|x| Some(x as usize))
-                .or_else(|_| v.to_i64().map(|x| Some(x.max(0) as usize)))
-                .map_err(|_| invalid(&self.path, &key, "expected an integer")),
+            Some(v) => {
+                let wide: i128 = v
+                    .to_u64()
+                    .map(i128::from)
+                    .or_else(|_| v.to_i64().map(i128::from))
+                    .map_err(|_| invalid(&self.path, &key, "expected an integer"))?;
+                usize::try_from(wide)
+                    .map(Some)
+                    .map_err(|_| invalid(&self.path, &key, format!("{wide} is out of range")))
+            }
         }
     }
 
@@ -374,11 +379,20 @@ impl Gguf {
             if t.dims() != want.as_slice() {
                 return Err(ModelError::tensor(
                     name,
-                    format!("has shape {:?}, the metadata implies {want:?}", t.dims()),
+                    format!(
+                        "in {}: has shape {:?}, the metadata implies {want:?}",
+                        self.path.display(),
+                        t.dims()
+                    ),
                 ));
             }
             crate::checkpoint::check_finite(&hf, &t)?;
-            out.insert(hf, t.to_dtype(dtype)?);
+            if out.insert(hf.clone(), t.to_dtype(dtype)?).is_some() {
+                return Err(ModelError::tensor(
+                    name,
+                    format!("in {}: a second tensor for `{hf}`", self.path.display()),
+                ));
+            }
         }
         for name in shapes.keys() {
             if !out.contains_key(name) {
@@ -404,7 +418,8 @@ fn hf_name(gguf: &str, layers: usize) -> Option<String> {
     let rest = gguf.strip_prefix("blk.")?;
     let (idx, rest) = rest.split_once('.')?;
     let i: usize = idx.parse().ok()?;
-    if i >= layers {
+    // `blk.01` or `blk.+1` would be a second name for layer 1.
+    if i >= layers || idx != i.to_string() {
         return None;
     }
     let (part, kind) = rest.rsplit_once('.')?;
@@ -485,6 +500,8 @@ impl Gguf {
     /// id the file gives it.
     fn small_files(&self) -> Result<SmallFiles> {
         let config = self.config_json()?;
+        // Refused here, naming the .gguf, rather than later from the written config.json.
+        Config::from_value(config.clone(), &self.path)?;
         let generation = self.generation_config_json()?;
         let (tokenizer, tokenizer_config) = self.tokenizer_files()?;
         let built = tokenizers::Tokenizer::from_bytes(tokenizer.to_string().as_bytes())

@@ -468,6 +468,17 @@ mod tests {
         );
         let d = load("[env]\n").unwrap().env.unwrap();
         assert_eq!(d.tool_calls, ToolCallSyntax::Strict);
+        // An agent environment's agent reads its own model's text: the key would not act there.
+        let msg = load(
+            "[env]\ntool_calls = \"tolerant\"\n[rollout]\nenvironment = \"agent\"\n\
+             agent_url = \"http://127.0.0.1:8080\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            msg.contains("env.tool_calls") && msg.contains("agent"),
+            "{msg}"
+        );
         let msg = load("[env]\ntool_calls = \"lenient\"\n")
             .unwrap_err()
             .to_string();

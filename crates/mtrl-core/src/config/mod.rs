@@ -209,6 +209,18 @@ impl ConfigSpec {
                 ));
             }
         }
+        if rollout.environment == rollout::EnvironmentKind::Agent
+            && env
+                .as_ref()
+                .is_some_and(|e| e.tool_calls == env::ToolCallSyntax::Tolerant)
+        {
+            return Err(ctx.invalid(
+                "env.tool_calls",
+                "\"tolerant\" reads calls in the built-in search environment; with \
+                 rollout.environment = \"agent\" your agent reads its model's text (the endpoint \
+                 returns the <tool_call> blocks as tool_calls)",
+            ));
+        }
         let distributed = self.distributed.unwrap_or_default().validate(&ctx)?;
         Ok(Config {
             source: path.to_path_buf(),

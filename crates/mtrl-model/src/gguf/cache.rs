@@ -55,54 +55,50 @@ pub fn checkpoint_dir(path: &Path) -> Result<PathBuf> {
     if fresh() {
         return Ok(dir);
     }
-    // One process converts; the others (MPI ranks, parallel tests) wait for its stamp.
-    let lock = path.with_file_name(format!("{stem}.mtrl.lock"));
-    let started = std::time::Instant::now();
-    loop {
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&lock)
-        {
-            Ok(_) => break,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                if fresh() {
-                    return Ok(dir);
-                }
-                let age = std::fs::metadata(&lock)
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|t| t.elapsed().ok());
-                if age.is_some_and(|a| a > std::time::Duration::from_secs(1800)) {
-                    let _ = std::fs::remove_file(&lock); // left by a killed process
-                } else if started.elapsed() > std::time::Duration::from_secs(3600) {
-                    return Err(ModelError::checkpoint(
-                        &lock,
-                        "another process has been converting this GGUF for an hour; remove the \
-                         lock file if none is",
-                    ));
-                }
-                std::thread::sleep(std::time::Duration::from_millis(200));
-            }
-            Err(e) => return Err(ModelError::io(&lock, e)),
-        }
+    // One process writes; the others (MPI ranks, parallel tests) wait on an OS file lock, which
+    // the kernel releases when its holder exits, however it exits. The lock file stays (empty).
+    let lock_path = path.with_file_name(format!("{stem}.mtrl.lock"));
+    let not_writable = |e: std::io::Error| {
+        ModelError::checkpoint(
+            &lock_path,
+            format!(
+                "{e}: a .gguf model keeps its config and tokenizer files in {} beside it, so its \
+                 folder must be writable (or convert it once with `mtrl convert` and use that folder)",
+                dir.display()
+            ),
+        )
+    };
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(not_writable)?;
+    lock.lock().map_err(|e| ModelError::io(&lock_path, e))?;
+    if fresh() {
+        return Ok(dir);
     }
-    let result = (|| {
-        if fresh() {
-            return Ok(());
-        }
-        let tmp = path.with_file_name(format!("{stem}.mtrl.tmp-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
-        Gguf::open(path)?.small_files()?.write_all(&tmp)?;
-        let p = tmp.join(STAMP);
-        std::fs::write(&p, stamp.to_string()).map_err(|e| ModelError::io(&p, e))?;
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir).map_err(|e| ModelError::io(&dir, e))?;
-        }
-        std::fs::rename(&tmp, &dir).map_err(|e| ModelError::io(&dir, e))
-    })();
-    let _ = std::fs::remove_file(&lock);
-    result?;
+    // A folder of that name without the stamp is not ours: never delete it.
+    if dir.exists() && source_of(&dir).is_none() {
+        return Err(ModelError::checkpoint(
+            &dir,
+            format!(
+                "is in the way: mtrl keeps the config and tokenizer files of {} there, and this \
+                 folder is not one it wrote; move it",
+                path.display()
+            ),
+        ));
+    }
+    let tmp = path.with_file_name(format!("{stem}.mtrl.tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    Gguf::open(path)?.small_files()?.write_all(&tmp)?;
+    let p = tmp.join(STAMP);
+    std::fs::write(&p, stamp.to_string()).map_err(|e| ModelError::io(&p, e))?;
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).map_err(|e| ModelError::io(&dir, e))?;
+    }
+    std::fs::rename(&tmp, &dir).map_err(|e| ModelError::io(&dir, e))?;
+    drop(lock);
     Ok(dir)
 }
 

@@ -304,6 +304,37 @@ fn refusals_name_the_key_or_tensor() {
             Box::new(|sp: &mut Spec| sp.tensors.retain(|(k, _)| k != "blk.1.attn_k.bias")),
             "model.layers.1.self_attn.k_proj.bias",
         ),
+        (
+            Box::new(|sp: &mut Spec| {
+                let t = sp
+                    .tensors
+                    .iter()
+                    .find(|(k, _)| k == "blk.1.attn_q.bias")
+                    .unwrap()
+                    .1
+                    .dequantize(&Device::Cpu)
+                    .unwrap();
+                sp.tensors.push((
+                    "blk.01.attn_q.bias".into(),
+                    QTensor::quantize(&t, GgmlDType::F32).unwrap(),
+                ));
+            }),
+            "blk.01.attn_q.bias",
+        ),
+        (
+            Box::new(set(
+                "tokenizer.ggml.padding_token_id",
+                gguf_file::Value::I32(-1),
+            )),
+            "tokenizer.ggml.padding_token_id",
+        ),
+        (
+            Box::new(set(
+                "qwen2.attention.head_count_kv",
+                gguf_file::Value::U32(3),
+            )),
+            "num_key_value_heads",
+        ),
     ] {
         let e = err_of(edit);
         assert!(e.contains(want), "{want}: {e}");
@@ -390,5 +421,13 @@ fn a_gguf_path_is_converted_once_and_again_when_it_changes() {
     for l in loaders {
         l.join().unwrap().unwrap();
     }
-    assert!(!dir.path().join("m.mtrl.lock").exists());
+    // A folder of that name that mtrl did not write is never deleted.
+    let other = tempfile::tempdir().unwrap();
+    let src = other.path().join("x.gguf");
+    write(&spec(false), &src);
+    std::fs::create_dir(other.path().join("x.mtrl")).unwrap();
+    std::fs::write(other.path().join("x.mtrl/model.safetensors"), b"mine").unwrap();
+    let e = checkpoint_dir(&src).unwrap_err().to_string();
+    assert!(e.contains("x.mtrl") && e.contains("in the way"), "{e}");
+    assert!(other.path().join("x.mtrl/model.safetensors").is_file());
 }

@@ -27,11 +27,13 @@ pub(super) struct SpecialIds {
 
 fn id_of(g: &Gguf, key: &str, n: usize) -> Result<Option<u32>> {
     let Some(v) = g.get(key) else { return Ok(None) };
-    let id = v
-        .to_u32()
-        .or_else(|_| v.to_u64().map(|x| x as u32))
-        .or_else(|_| v.to_i32().map(|x| x.max(0) as u32))
+    let wide: i128 = v
+        .to_u64()
+        .map(i128::from)
+        .or_else(|_| v.to_i64().map(i128::from))
         .map_err(|_| invalid(&g.path, key, "expected a token id"))?;
+    let id = u32::try_from(wide)
+        .map_err(|_| invalid(&g.path, key, format!("{wide} is not a token id")))?;
     if id as usize >= n {
         return Err(invalid(
             &g.path,
