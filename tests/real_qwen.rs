@@ -7,7 +7,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use candle_core::{DType, Device, Tensor};
 use mtrl_model::{
@@ -128,13 +127,6 @@ fn the_converted_model_matches_transformers_gguf_loader() {
     }
 }
 
-fn mtrl(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_mtrl"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
 fn json_file(p: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
@@ -144,7 +136,7 @@ fn mtrl_convert_writes_an_hf_folder_from_the_metadata() {
     let src = gguf();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("qwen");
-    let o = mtrl(&[
+    let (ok, _, err) = common::mtrl(&[
         "convert",
         "--gguf",
         src.to_str().unwrap(),
@@ -153,7 +145,7 @@ fn mtrl_convert_writes_an_hf_folder_from_the_metadata() {
         "--dtype",
         "bf16",
     ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(ok, "{err}");
     let c = json_file(&out.join("config.json"));
     for (k, v) in [
         ("model_type", Value::from("qwen2")),
@@ -191,15 +183,15 @@ fn mtrl_convert_writes_an_hf_folder_from_the_metadata() {
     let p = Policy::load(&out, DType::BF16, &Device::Cpu).unwrap();
     assert_eq!(p.config().num_hidden_layers, 24);
     // An existing, non-empty --out is refused.
-    let o = mtrl(&[
+    let (ok, _, err) = common::mtrl(&[
         "convert",
         "--gguf",
         src.to_str().unwrap(),
         "--out",
         out.to_str().unwrap(),
     ]);
-    assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("not empty"));
+    assert!(!ok);
+    assert!(err.contains("not empty"), "{err}");
 }
 
 /// A short greedy evaluation of the real model as a search agent (two Cranfield test tasks, short

@@ -164,7 +164,7 @@ pub fn save_checkpoint(
     Ok(())
 }
 
-fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
+pub(crate) fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
     let text = serde_json::to_string_pretty(v).map_err(|e| ModelError::Json {
         path: path.to_path_buf(),
         msg: e.to_string(),

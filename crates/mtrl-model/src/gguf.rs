@@ -35,7 +35,7 @@ use candle_core::quantized::gguf_file::{Content, Value as G};
 use candle_core::{DType, Device, Tensor};
 use serde_json::{json, Value};
 
-use crate::checkpoint::save_checkpoint;
+use crate::checkpoint::{save_checkpoint, write_json};
 use crate::config::Config;
 use crate::error::{invalid, unsupported, ModelError, Result};
 use crate::policy::parameter_shapes;
@@ -116,6 +116,14 @@ fn describe(v: &G) -> String {
     }
 }
 
+/// An integer metadata value of any width and sign, without wrapping or clamping.
+fn int_of(v: &G) -> Option<i128> {
+    v.to_u64()
+        .map(i128::from)
+        .or_else(|_| v.to_i64().map(i128::from))
+        .ok()
+}
+
 impl Gguf {
     /// Reads the header of `path` and checks every metadata key.
     pub fn open(path: &Path) -> Result<Self> {
@@ -192,11 +200,8 @@ impl Gguf {
         match self.get(&key) {
             None => Ok(None),
             Some(v) => {
-                let wide: i128 = v
-                    .to_u64()
-                    .map(i128::from)
-                    .or_else(|_| v.to_i64().map(i128::from))
-                    .map_err(|_| invalid(&self.path, &key, "expected an integer"))?;
+                let wide =
+                    int_of(v).ok_or_else(|| invalid(&self.path, &key, "expected an integer"))?;
                 usize::try_from(wide)
                     .map(Some)
                     .map_err(|_| invalid(&self.path, &key, format!("{wide} is out of range")))
@@ -305,19 +310,7 @@ impl Gguf {
     }
 
     fn tokens(&self) -> Result<Vec<&str>> {
-        let key = "tokenizer.ggml.tokens";
-        let arr = self
-            .get(key)
-            .ok_or_else(|| invalid(&self.path, key, "missing"))?
-            .to_vec()
-            .map_err(|_| invalid(&self.path, key, "expected an array of strings"))?;
-        arr.iter()
-            .map(|v| {
-                v.to_string()
-                    .map(String::as_str)
-                    .map_err(|_| invalid(&self.path, key, "expected an array of strings"))
-            })
-            .collect()
+        tokenizer::strings(self, "tokenizer.ggml.tokens")
     }
 
     /// `generation_config.json`: the end-of-turn ids (eos, and eot when the file names one).
@@ -469,28 +462,15 @@ struct SmallFiles {
 
 impl SmallFiles {
     fn write_tokenizer(&self, out: &Path) -> Result<()> {
-        for (name, v) in [
-            ("tokenizer.json", &self.tokenizer),
-            ("tokenizer_config.json", &self.tokenizer_config),
-        ] {
-            let p = out.join(name);
-            let text = serde_json::to_string_pretty(v).expect("json");
-            std::fs::write(&p, text + "\n").map_err(|e| ModelError::io(&p, e))?;
-        }
-        Ok(())
+        write_json(&out.join("tokenizer.json"), &self.tokenizer)?;
+        write_json(&out.join("tokenizer_config.json"), &self.tokenizer_config)
     }
 
     /// `config.json`, `generation_config.json` and the tokenizer files into `out` (created).
     fn write_all(&self, out: &Path) -> Result<()> {
         std::fs::create_dir_all(out).map_err(|e| ModelError::io(out, e))?;
-        for (name, v) in [
-            ("config.json", &self.config),
-            ("generation_config.json", &self.generation),
-        ] {
-            let p = out.join(name);
-            let text = serde_json::to_string_pretty(v).expect("json");
-            std::fs::write(&p, text + "\n").map_err(|e| ModelError::io(&p, e))?;
-        }
+        write_json(&out.join("config.json"), &self.config)?;
+        write_json(&out.join("generation_config.json"), &self.generation)?;
         self.write_tokenizer(out)
     }
 }

@@ -27,11 +27,7 @@ pub(super) struct SpecialIds {
 
 fn id_of(g: &Gguf, key: &str, n: usize) -> Result<Option<u32>> {
     let Some(v) = g.get(key) else { return Ok(None) };
-    let wide: i128 = v
-        .to_u64()
-        .map(i128::from)
-        .or_else(|_| v.to_i64().map(i128::from))
-        .map_err(|_| invalid(&g.path, key, "expected a token id"))?;
+    let wide = super::int_of(v).ok_or_else(|| invalid(&g.path, key, "expected a token id"))?;
     let id = u32::try_from(wide)
         .map_err(|_| invalid(&g.path, key, format!("{wide} is not a token id")))?;
     if id as usize >= n {
@@ -65,7 +61,7 @@ pub(super) fn special_ids(g: &Gguf) -> Result<SpecialIds> {
     })
 }
 
-fn strings<'a>(g: &'a Gguf, key: &str) -> Result<Vec<&'a str>> {
+pub(super) fn strings<'a>(g: &'a Gguf, key: &str) -> Result<Vec<&'a str>> {
     let arr = g
         .get(key)
         .ok_or_else(|| invalid(&g.path, key, "missing"))?
