@@ -57,6 +57,7 @@ pub fn run(args: &BenchAllreduceArgs) -> Result<()> {
             targets: mtrl_model::lora::TARGETS.map(String::from).to_vec(),
             dropout: 0.0,
             rslora: false,
+            layers: None,
         },
         device: mtrl_model::parse_device(&device)?,
         bucket_mb: args.bucket_mb,

@@ -98,6 +98,7 @@ fn run_lora(args: &BenchTrainArgs) -> Result<()> {
             targets: mtrl_model::lora::TARGETS.map(String::from).to_vec(),
             dropout: 0.0,
             rslora: false,
+            layers: None,
         },
         dtype: mtrl_model::parse_dtype(&args.dtype)?,
         device: mtrl_model::parse_device(&args.device)?,

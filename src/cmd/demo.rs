@@ -25,8 +25,9 @@ pub struct DemoArgs {
     #[arg(long)]
     pub quiet: bool,
     /// pass@k's k (sampled attempts per held-out task) of the final evaluation; 0: greedy only.
-    #[arg(long, default_value_t = 4)]
-    pub eval_k: usize,
+    /// Default: the config's `warm_start.eval_k`.
+    #[arg(long)]
+    pub eval_k: Option<usize>,
     /// Evaluate on at most this many tasks.
     #[arg(long)]
     pub eval_limit: Option<usize>,
@@ -39,6 +40,10 @@ pub struct DemoArgs {
     /// Held-out split of the final evaluation: `test`, or `validation` while choosing settings.
     #[arg(long, default_value = "test")]
     pub split: String,
+    /// Redo every stage. Without it a job on a pretrained model keeps a finished SFT stage and
+    /// resumes RL from its newest checkpoint; a job from scratch always redoes every stage.
+    #[arg(long)]
+    pub fresh: bool,
 }
 
 impl Default for DemoArgs {
@@ -47,11 +52,12 @@ impl Default for DemoArgs {
             config: None,
             max_steps: None,
             quiet: false,
-            eval_k: 4,
+            eval_k: None,
             eval_limit: None,
             seed: None,
             run_dir: None,
             split: "test".into(),
+            fresh: false,
         }
     }
 }
@@ -109,6 +115,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         run_dir: args.run_dir.clone(),
         split,
         watch_signals: true,
+        fresh: args.fresh,
         ..DemoOptions::default()
     };
     let out = mtrl_train::demo::run(&cfg, &opts)?;

@@ -1,6 +1,7 @@
 //! `mtrl train --config FILE [--fresh] [--max-steps N]`: RL training with asynchronous rollouts
-//! (`mtrl_train::train`); without `--config`, the default job (`mtrl demo`). Prints the run's
-//! summary as JSON; Ctrl-C / SIGTERM checkpoint and exit 0.
+//! (`mtrl_train::train`); without `--config`, or with a config that has `[warm_start]`, the whole
+//! warm-start job (`mtrl demo`: teacher, SFT, RL, evaluation). Prints the run's summary as JSON;
+//! Ctrl-C / SIGTERM checkpoint and exit 0.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -17,7 +18,8 @@ pub struct TrainArgs {
     /// RL, evaluation; see `mtrl demo`).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Start from scratch instead of resuming: earlier checkpoints and metrics in
+    /// Start from scratch instead of resuming (with [warm_start]: also redo a finished SFT
+    /// stage): earlier checkpoints and metrics in
     /// `checkpoint.dir` are moved into `previous-<unix time>/`, never deleted.
     #[arg(long)]
     pub fresh: bool,
@@ -38,6 +40,16 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         });
     };
     let cfg = mtrl_core::Config::load(path)?;
+    // A config with [warm_start] is a whole job: teacher, SFT, RL, evaluation.
+    if cfg.warm_start.is_some() {
+        return demo::run(&DemoArgs {
+            config: Some(path.clone()),
+            max_steps: args.max_steps,
+            quiet: args.quiet,
+            fresh: args.fresh,
+            ..DemoArgs::default()
+        });
+    }
     // Under `mpirun` / `srun` this process is one data-parallel rank (MPI is set up here).
     let on_cuda = cfg
         .model

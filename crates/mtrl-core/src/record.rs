@@ -102,8 +102,24 @@ pub struct StepRecord {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub faults_injected: BTreeMap<String, u64>,
     pub time_generate_s: f64,
+    /// Of `time_generate_s`: engine forwards with prompt rows (prefill, chunked with decode rows),
+    /// forwards of decode rows only, and the output head plus sampling.
+    #[serde(default)]
+    pub time_prefill_s: f64,
+    #[serde(default)]
+    pub time_decode_s: f64,
+    #[serde(default)]
+    pub time_sample_s: f64,
     pub time_tools_s: f64,
     pub time_learn_s: f64,
+    /// Of `time_learn_s`: the training forwards, the loss and backward passes, clipping and the
+    /// optimizer step.
+    #[serde(default)]
+    pub time_forward_s: f64,
+    #[serde(default)]
+    pub time_backward_s: f64,
+    #[serde(default)]
+    pub time_optimizer_s: f64,
     pub time_publish_s: f64,
     pub time_wait_for_batch_s: f64,
     /// Learner seconds spent on checkpoints since the previous record (copying the tensors for
@@ -204,8 +220,14 @@ impl Default for StepRecord {
             groups_replaced: 0,
             faults_injected: BTreeMap::new(),
             time_generate_s: 0.0,
+            time_prefill_s: 0.0,
+            time_decode_s: 0.0,
+            time_sample_s: 0.0,
             time_tools_s: 0.0,
             time_learn_s: 0.0,
+            time_forward_s: 0.0,
+            time_backward_s: 0.0,
+            time_optimizer_s: 0.0,
             time_publish_s: 0.0,
             time_wait_for_batch_s: 0.0,
             time_checkpoint_s: 0.0,

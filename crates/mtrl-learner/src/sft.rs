@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use candle_core::{DType, Tensor};
-use mtrl_model::{logprobs_and_grads, Policy};
+use mtrl_model::{logprobs_and_grads_at, Policy};
 
 use crate::adamw::AdamW;
 use crate::batch::{micro_batches, Row};
@@ -95,9 +95,15 @@ pub fn sft_step(
     let mut grads: BTreeMap<String, Tensor> = BTreeMap::new();
     for range in micro_batches(&rows, cfg.micro_batch_tokens) {
         let mb = pad(&rows[range], &dev)?;
-        let (loss, _, g) = logprobs_and_grads(policy, &mb.ids, Some(&mb.attention), 1.0, |lp| {
-            lp.to_dtype(DType::F32)?.mul(&mb.mask)?.sum_all()? * (-1.0 / total)
-        })?;
+        // Log-probs at the trained positions only (the head's cost follows the assistant's ids).
+        let (loss, _, g) = logprobs_and_grads_at(
+            policy,
+            &mb.ids,
+            Some(&mb.attention),
+            Some(&mb.mask),
+            1.0,
+            |lp| lp.to_dtype(DType::F32)?.mul(&mb.mask)?.sum_all()? * (-1.0 / total),
+        )?;
         m.loss += loss as f64;
         accumulate(&mut grads, policy.named_parameters(), &g, DType::F32)?;
     }

@@ -182,6 +182,14 @@ pub struct StepMetrics {
     #[serde(default)]
     pub skip_reason: Option<String>,
     pub learn_s: f64,
+    /// Of `learn_s`: the training forwards, the loss and backward passes, clipping and the
+    /// optimizer steps.
+    #[serde(default)]
+    pub forward_s: f64,
+    #[serde(default)]
+    pub backward_s: f64,
+    #[serde(default)]
+    pub optimizer_s: f64,
     /// What this rank sent to the data-parallel all-reduces (zeros for one process).
     #[serde(default)]
     pub comm: CommStats,
@@ -329,6 +337,9 @@ impl Learner {
         m.entropy = total.entropy_sum / tokens;
         m.grad_norm = total.norm_sum / slices.len() as f64;
         m.comm = total.comm;
+        m.forward_s = total.forward_s;
+        m.backward_s = total.backward_s;
+        m.optimizer_s = total.optimizer_s;
         m.learn_s = t0.elapsed().as_secs_f64();
         Ok(m)
     }

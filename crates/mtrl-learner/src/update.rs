@@ -10,9 +10,12 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use candle_core::{DType, Tensor};
+use std::time::Instant;
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Tensor, Var};
 use mtrl_algo::{aggregate, kl_k3, masked_sum, per_token_loss, GlobalCounts, LossInputs};
-use mtrl_model::{logprobs_and_grads, token_logprobs, Policy, DEFAULT_CHUNK_ELEMS};
+use mtrl_model::{token_logprobs_at, Policy, TokenLogprobs, DEFAULT_CHUNK_ELEMS};
 
 use crate::batch::{micro_batches, Row};
 use crate::clip::{accumulate, clip_or_norm};
@@ -36,6 +39,11 @@ pub(crate) struct Totals {
     /// Why an update was skipped (the first non-finite loss or gradient norm), if one was.
     pub skip_reason: Option<String>,
     pub comm: CommStats,
+    /// Seconds in the training forwards (decoder and the head at the loss positions), in the
+    /// loss and backward passes, and in clipping plus the optimizer step (this rank's).
+    pub forward_s: f64,
+    pub backward_s: f64,
+    pub optimizer_s: f64,
 }
 
 impl Totals {
@@ -54,6 +62,9 @@ impl Totals {
             self.skip_reason.clone_from(&o.skip_reason);
         }
         self.comm.add(&o.comm);
+        self.forward_s += o.forward_s;
+        self.backward_s += o.backward_s;
+        self.optimizer_s += o.optimizer_s;
     }
 
     /// Sums the per-rank sums of an update's micro-batches over the ranks (a no-op for one).
@@ -109,10 +120,11 @@ pub(crate) fn proximal_logprobs(policy: &Policy, rows: &mut [Row], cfg: &StepCon
     let dev = policy.device().clone();
     for range in micro_batches(rows, cfg.micro_batch_tokens) {
         let mb = pad(&rows[range.clone()], &dev)?;
-        let lp = token_logprobs(
+        let lp = token_logprobs_at(
             policy,
             &mb.ids,
             Some(&mb.attention),
+            Some(&mb.mask),
             cfg.temperature,
             false,
             DEFAULT_CHUNK_ELEMS,
@@ -125,6 +137,22 @@ pub(crate) fn proximal_logprobs(policy: &Policy, rows: &mut [Row], cfg: &StepCon
         }
     }
     Ok(())
+}
+
+/// The loss of a training forward's log-probs and the parameter gradients through it (the second
+/// half of [`mtrl_model::logprobs_and_grads_at`], timed apart from the forward).
+fn loss_and_grads(
+    fwd: &TokenLogprobs,
+    loss_fn: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
+) -> Result<(f32, GradStore)> {
+    let lp = Var::from_tensor(&fwd.logprobs)?;
+    let loss = loss_fn(lp.as_tensor())?;
+    let value = loss.to_dtype(DType::F32)?.to_scalar::<f32>()?;
+    let g = match loss.backward()?.get(lp.as_tensor()) {
+        Some(g) => g.clone(),
+        None => lp.as_tensor().zeros_like()?,
+    };
+    Ok((value, fwd.backward(&g)?))
 }
 
 fn algo(e: mtrl_algo::AlgoError) -> candle_core::Error {
@@ -181,10 +209,11 @@ impl Learner {
             out.padded_tokens += mb.padded as u64;
             let reference = match &self.reference {
                 Some(r) if cfg.kl_coef > 0.0 => Some(
-                    token_logprobs(
+                    token_logprobs_at(
                         r,
                         &mb.ids,
                         Some(&mb.attention),
+                        Some(&mb.mask),
                         cfg.temperature,
                         false,
                         DEFAULT_CHUNK_ELEMS,
@@ -201,42 +230,50 @@ impl Learner {
                 ),
             };
             let mut diag = (0.0, 0.0, 0.0);
-            let (loss, fwd, g) = logprobs_and_grads(
+            // Every term below is masked by `mb.mask`: the head runs on those positions only.
+            let t_fwd = Instant::now();
+            let fwd = token_logprobs_at(
                 &self.policy,
                 &mb.ids,
                 Some(&mb.attention),
+                Some(&mb.mask),
                 cfg.temperature,
-                |lp| {
-                    let x = LossInputs {
-                        logp: lp,
-                        logp_old: old,
-                        behaviour: correction,
-                        advantages: &mb.adv,
-                        mask: &mb.mask,
-                    };
-                    let mut o = per_token_loss(cfg.loss, &x).map_err(algo)?;
-                    if let Some(sh) = &shares {
-                        o.per_token = o
-                            .per_token
-                            .broadcast_mul(&sh.to_dtype(o.per_token.dtype())?)?;
-                    }
-                    diag.0 = o.clipped_tokens;
-                    diag.1 = o.behaviour_weight_sum;
-                    let mut l =
-                        aggregate(&o.per_token, &mb.mask, cfg.aggregation, global).map_err(algo)?;
-                    if let Some(r) = &reference {
-                        let kl = kl_k3(lp, r).map_err(algo)?;
-                        diag.2 = masked_sum(&kl, &mb.mask).map_err(algo)?;
-                        let kl = match &shares {
-                            Some(sh) => kl.broadcast_mul(&sh.to_dtype(kl.dtype())?)?,
-                            None => kl,
-                        };
-                        let k = aggregate(&kl, &mb.mask, cfg.aggregation, global).map_err(algo)?;
-                        l = (l + (k * cfg.kl_coef)?)?;
-                    }
-                    Ok(l)
-                },
+                true,
+                DEFAULT_CHUNK_ELEMS,
             )?;
+            out.forward_s += t_fwd.elapsed().as_secs_f64();
+            let t_bwd = Instant::now();
+            let (loss, g) = loss_and_grads(&fwd, |lp| {
+                let x = LossInputs {
+                    logp: lp,
+                    logp_old: old,
+                    behaviour: correction,
+                    advantages: &mb.adv,
+                    mask: &mb.mask,
+                };
+                let mut o = per_token_loss(cfg.loss, &x).map_err(algo)?;
+                if let Some(sh) = &shares {
+                    o.per_token = o
+                        .per_token
+                        .broadcast_mul(&sh.to_dtype(o.per_token.dtype())?)?;
+                }
+                diag.0 = o.clipped_tokens;
+                diag.1 = o.behaviour_weight_sum;
+                let mut l =
+                    aggregate(&o.per_token, &mb.mask, cfg.aggregation, global).map_err(algo)?;
+                if let Some(r) = &reference {
+                    let kl = kl_k3(lp, r).map_err(algo)?;
+                    diag.2 = masked_sum(&kl, &mb.mask).map_err(algo)?;
+                    let kl = match &shares {
+                        Some(sh) => kl.broadcast_mul(&sh.to_dtype(kl.dtype())?)?,
+                        None => kl,
+                    };
+                    let k = aggregate(&kl, &mb.mask, cfg.aggregation, global).map_err(algo)?;
+                    l = (l + (k * cfg.kl_coef)?)?;
+                }
+                Ok(l)
+            })?;
+            out.backward_s += t_bwd.elapsed().as_secs_f64();
             out.loss += loss as f64;
             out.clipped += diag.0;
             out.weight_sum += diag.1;
@@ -256,11 +293,13 @@ impl Learner {
         let params = self.policy.named_parameters();
         let sent = all_reduce_grads(comm.as_ref(), params, &mut grads, self.reduce, acc)?;
         out.comm.add(&sent);
+        let t_opt = Instant::now();
         let norm = clip_or_norm(&mut grads, cfg.grad_clip)?;
         out.norm_sum = norm;
         if norm.is_finite() && out.loss.is_finite() {
             self.opt.step(self.policy.named_parameters(), &grads, lr)?;
             out.updates = 1;
+            out.optimizer_s = t_opt.elapsed().as_secs_f64();
         } else {
             out.skip_reason = Some(if out.loss.is_finite() {
                 format!("non-finite gradient norm ({norm})")

@@ -53,7 +53,10 @@ pub use engine::{
 };
 pub use error::{ModelError, Result};
 pub use kv_cache::KvCache;
-pub use logprobs::{logprobs_and_grads, token_logprobs, TokenLogprobs, DEFAULT_CHUNK_ELEMS};
+pub use logprobs::{
+    logprobs_and_grads, logprobs_and_grads_at, token_logprobs, token_logprobs_at, TokenLogprobs,
+    DEFAULT_CHUNK_ELEMS,
+};
 pub use lora::LoraSpec;
 pub use policy::{left_padding_positions, LoraServing, Policy, PolicySnapshot};
 pub use sampler::{Sampled, SamplingParams};

@@ -64,6 +64,30 @@ pub fn token_logprobs(
     differentiable: bool,
     chunk_elems: usize,
 ) -> Result<TokenLogprobs> {
+    token_logprobs_at(
+        policy,
+        ids,
+        attention_mask,
+        None,
+        temperature,
+        differentiable,
+        chunk_elems,
+    )
+}
+
+/// [`token_logprobs`] at the positions where `need` `[b, t_len - 1]` is non-zero only (a loss
+/// mask): the vocabulary projection — for a 150k vocabulary as costly as the whole decoder on
+/// a sequence — runs on those rows alone. Elsewhere the log-prob and entropy are 0 and
+/// `valid_mask` is 0.
+pub fn token_logprobs_at(
+    policy: &Policy,
+    ids: &Tensor,
+    attention_mask: Option<&Tensor>,
+    need: Option<&Tensor>,
+    temperature: f64,
+    differentiable: bool,
+    chunk_elems: usize,
+) -> Result<TokenLogprobs> {
     if !(temperature > 0.0 && temperature.is_finite()) {
         return Err(ModelError::InvalidArgument(format!(
             "temperature must be > 0, got {temperature}"
@@ -80,6 +104,17 @@ pub fn token_logprobs(
             "need at least 2 tokens per row for next-token log-probs".into(),
         ));
     }
+    let need = match need {
+        Some(n) if n.dims() != [b, t - 1] => {
+            return Err(ModelError::InvalidArgument(format!(
+                "the positions needed have shape {:?}, expected [{b}, {}]",
+                n.dims(),
+                t - 1
+            )))
+        }
+        Some(n) => Some(n.to_dtype(DType::F32)?.to_vec2::<f32>()?),
+        None => None,
+    };
     let (hidden, mask) = policy.hidden(model, ids, attention_mask, None)?;
     let id_rows = ids.to_dtype(DType::U32)?.to_vec2::<u32>()?;
     let mut rows = Vec::new();
@@ -87,7 +122,8 @@ pub fn token_logprobs(
     let mut valid = vec![0f32; b * (t - 1)];
     for bi in 0..b {
         for ti in 0..t - 1 {
-            if mask[bi][ti] == 1 && mask[bi][ti + 1] == 1 {
+            let needed = need.as_ref().is_none_or(|n| n[bi][ti] != 0.0);
+            if needed && mask[bi][ti] == 1 && mask[bi][ti + 1] == 1 {
                 rows.push((bi * t + ti) as u32);
                 targets.push(id_rows[bi][ti + 1]);
                 valid[bi * (t - 1) + ti] = 1.0;
@@ -303,10 +339,24 @@ pub fn logprobs_and_grads(
     temperature: f64,
     loss_fn: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
 ) -> Result<(f32, TokenLogprobs, GradStore)> {
-    let fwd = token_logprobs(
+    logprobs_and_grads_at(policy, ids, attention_mask, None, temperature, loss_fn)
+}
+
+/// [`logprobs_and_grads`] computing the log-probs only where `need` is non-zero (see
+/// [`token_logprobs_at`]): the loss must not depend on the other positions.
+pub fn logprobs_and_grads_at(
+    policy: &Policy,
+    ids: &Tensor,
+    attention_mask: Option<&Tensor>,
+    need: Option<&Tensor>,
+    temperature: f64,
+    loss_fn: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
+) -> Result<(f32, TokenLogprobs, GradStore)> {
+    let fwd = token_logprobs_at(
         policy,
         ids,
         attention_mask,
+        need,
         temperature,
         true,
         DEFAULT_CHUNK_ELEMS,

@@ -31,6 +31,9 @@ pub struct LoraSpec {
     pub dropout: f64,
     /// rsLoRA scaling, `alpha / √r`.
     pub rslora: bool,
+    /// The decoder layers adapted (PEFT's `layers_to_transform`), ascending; `None`: all. The
+    /// layers below the lowest carry no trainable weight, so backward stops there.
+    pub layers: Option<Vec<usize>>,
 }
 
 impl LoraSpec {
@@ -48,6 +51,25 @@ impl LoraSpec {
     /// comes with the message.
     pub fn check(&self) -> std::result::Result<(), (LoraField, String)> {
         check_lora(self.rank, self.alpha, self.dropout, &self.targets)
+    }
+
+    /// Whether decoder layer `i` is adapted.
+    pub fn adapts_layer(&self, i: usize) -> bool {
+        self.layers.as_ref().is_none_or(|l| l.contains(&i))
+    }
+
+    /// An error when `layers` names a layer a model of `n` layers lacks.
+    pub fn check_layers(&self, n: usize) -> std::result::Result<(), String> {
+        match self
+            .layers
+            .as_ref()
+            .and_then(|l| l.iter().find(|&&i| i >= n))
+        {
+            Some(i) => Err(format!(
+                "layer {i} does not exist: the model has {n} (0..{n})"
+            )),
+            None => Ok(()),
+        }
     }
 }
 
@@ -73,7 +95,7 @@ pub fn adapted(cfg: &Config, spec: &LoraSpec) -> Vec<Adapted> {
         cfg.num_key_value_heads * cfg.head_dim,
     );
     let mut out = Vec::new();
-    for i in 0..cfg.num_hidden_layers {
+    for i in (0..cfg.num_hidden_layers).filter(|&i| spec.adapts_layer(i)) {
         for (name, block, o, inp) in [
             ("q_proj", "self_attn", q, h),
             ("k_proj", "self_attn", kv, h),

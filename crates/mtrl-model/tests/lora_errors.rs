@@ -47,7 +47,7 @@ fn unsupported_fields_are_named() {
         ("fan_in_fan_out", serde_json::json!(true)),
         ("rank_pattern", serde_json::json!({"q_proj": 4})),
         ("modules_to_save", serde_json::json!(["lm_head"])),
-        ("layers_to_transform", serde_json::json!([0])),
+        ("layers_pattern", serde_json::json!("blocks")),
         ("peft_type", serde_json::json!("IA3")),
         ("bias", serde_json::json!("all")),
         ("target_modules", serde_json::json!(".*proj")),

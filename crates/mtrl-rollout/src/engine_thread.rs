@@ -65,6 +65,11 @@ pub struct EngineStats {
     pub prefill_tokens: AtomicU64,
     /// Prompt tokens taken from resident sessions instead (`reused_tokens`).
     pub reused_tokens: AtomicU64,
+    /// Of `generate_ns`: forwards with prompt rows, forwards of decode rows only, and the output
+    /// head plus sampling (the engine's counters).
+    pub prefill_ns: AtomicU64,
+    pub decode_ns: AtomicU64,
+    pub sample_ns: AtomicU64,
     /// The version the engine serves.
     pub version: AtomicU64,
     /// The most weight updates received but not yet applied at once (held back by the pins
@@ -340,6 +345,13 @@ fn engine_loop(
         stats
             .reused_tokens
             .store(c.reused_tokens, Ordering::Relaxed);
+        stats
+            .prefill_ns
+            .store(c.prefill_forward_ns, Ordering::Relaxed);
+        stats
+            .decode_ns
+            .store(c.decode_forward_ns, Ordering::Relaxed);
+        stats.sample_ns.store(c.sample_ns, Ordering::Relaxed);
         stats
             .tokens
             .fetch_add(out.tokens.len() as u64, Ordering::Relaxed);

@@ -142,6 +142,10 @@ pub struct RolloutCounters {
     /// Prompt tokens run through the model, and taken from resident sessions instead.
     pub prefill_tokens: u64,
     pub reused_tokens: u64,
+    /// Of `generate_s`: prompt forwards, decode-only forwards, head and sampling.
+    pub prefill_s: f64,
+    pub decode_s: f64,
+    pub sample_s: f64,
     pub admitted: u64,
     pub engine_version: u64,
     pub retries: u64,
@@ -292,6 +296,9 @@ impl Rollout {
             tokens: self.engine_stats.tokens.load(Ordering::Relaxed),
             prefill_tokens: self.engine_stats.prefill_tokens.load(Ordering::Relaxed),
             reused_tokens: self.engine_stats.reused_tokens.load(Ordering::Relaxed),
+            prefill_s: s(self.engine_stats.prefill_ns.load(Ordering::Relaxed)),
+            decode_s: s(self.engine_stats.decode_ns.load(Ordering::Relaxed)),
+            sample_s: s(self.engine_stats.sample_ns.load(Ordering::Relaxed)),
             admitted: self.admitted.load(Ordering::Relaxed),
             engine_version: self.engine_stats.version.load(Ordering::SeqCst),
             retries: self.fault_counts.retries.load(Ordering::Relaxed),

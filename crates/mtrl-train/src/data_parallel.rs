@@ -258,7 +258,7 @@ pub fn checksum(policy: &Policy) -> Result<u64> {
     Ok(h)
 }
 
-const FIELDS: usize = 16;
+const FIELDS: usize = 19;
 
 fn pack(c: &RolloutCounters) -> [f64; FIELDS] {
     [
@@ -278,6 +278,9 @@ fn pack(c: &RolloutCounters) -> [f64; FIELDS] {
         c.faults[0] as f64,
         c.faults[1] as f64,
         c.faults[2] as f64,
+        c.prefill_s,
+        c.decode_s,
+        c.sample_s,
     ]
 }
 
@@ -300,6 +303,9 @@ fn unpack(v: &[f64]) -> Result<RolloutCounters> {
         errored_episodes: v[11] as u64,
         replaced_groups: v[12] as u64,
         faults: [v[13] as u64, v[14] as u64, v[15] as u64],
+        prefill_s: v[16],
+        decode_s: v[17],
+        sample_s: v[18],
     })
 }
 
@@ -314,6 +320,9 @@ pub fn merge(all: &[RolloutCounters]) -> RolloutCounters {
         m.generate_s = m.generate_s.max(c.generate_s);
         m.env_s = m.env_s.max(c.env_s);
         m.publish_s = m.publish_s.max(c.publish_s);
+        m.prefill_s = m.prefill_s.max(c.prefill_s);
+        m.decode_s = m.decode_s.max(c.decode_s);
+        m.sample_s = m.sample_s.max(c.sample_s);
         m.admission_wait_s = m.admission_wait_s.max(c.admission_wait_s);
         m.tokens += c.tokens;
         m.prefill_tokens += c.prefill_tokens;

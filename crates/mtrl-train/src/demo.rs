@@ -17,7 +17,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
-use mtrl_core::config::WarmStartConfig;
+use mtrl_core::config::{Scratch, WarmStartConfig};
 use mtrl_core::{Config, Trajectory};
 use mtrl_eval::EvalReport;
 use mtrl_model::{TemplateCodec, Tokenizer};
@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::data::{self, PrepareOptions};
-use crate::demo_eval::{self, Split};
+use crate::demo_eval::{self, ModelRef, Split};
 use crate::error::{Context, Result};
 use crate::run::{train, TrainOptions};
 use crate::{rft, setup, sft, warm_start};
@@ -38,8 +38,9 @@ pub struct DemoOptions {
     pub max_steps: Option<u64>,
     /// Progress bars and stage details on stderr.
     pub progress: bool,
-    /// pass@k's k (sampled attempts per task) of the final evaluation; 0: greedy only.
-    pub eval_k: usize,
+    /// pass@k's k (sampled attempts per task) of the final evaluation; 0: greedy only. `None`:
+    /// `warm_start.eval_k`.
+    pub eval_k: Option<usize>,
     /// Evaluate on at most this many tasks.
     pub eval_limit: Option<usize>,
     /// Replaces `[train] seed` and `[sft] seed` (teacher, initialisation, sampling, shuffling).
@@ -52,6 +53,9 @@ pub struct DemoOptions {
     pub stop: Arc<AtomicBool>,
     /// Raise `stop` on Ctrl-C / SIGTERM.
     pub watch_signals: bool,
+    /// Redo every stage (the job from scratch always does); `false` lets the pretrained job keep
+    /// a finished SFT stage and resume RL ([`crate::pretrained_job`]).
+    pub fresh: bool,
 }
 
 impl Default for DemoOptions {
@@ -59,13 +63,14 @@ impl Default for DemoOptions {
         DemoOptions {
             max_steps: None,
             progress: true,
-            eval_k: 4,
+            eval_k: None,
             eval_limit: None,
             seed: None,
             run_dir: None,
             split: Split::Test,
             stop: Arc::new(AtomicBool::new(false)),
             watch_signals: false,
+            fresh: true,
         }
     }
 }
@@ -104,15 +109,15 @@ pub struct DemoOutcome {
 }
 
 /// Stage lines and timings.
-struct Stages {
-    t0: Instant,
+pub(crate) struct Stages {
+    pub(crate) t0: Instant,
     /// The stage running, and since when.
     current: Option<(String, Instant)>,
-    done: Vec<(String, f64)>,
+    pub(crate) done: Vec<(String, f64)>,
 }
 
 impl Stages {
-    fn new() -> Stages {
+    pub(crate) fn new() -> Stages {
         Stages {
             t0: Instant::now(),
             current: None,
@@ -120,13 +125,13 @@ impl Stages {
         }
     }
 
-    fn start(&mut self, name: &str) {
+    pub(crate) fn start(&mut self, name: &str) {
         self.close();
         eprintln!("[{:>6.1}s] {name}", self.t0.elapsed().as_secs_f64());
         self.current = Some((name.to_string(), Instant::now()));
     }
 
-    fn close(&mut self) {
+    pub(crate) fn close(&mut self) {
         if let Some((name, t)) = self.current.take() {
             self.done.push((name, t.elapsed().as_secs_f64()));
         }
@@ -150,13 +155,17 @@ pub fn configure(cfg: &Config, o: &DemoOptions) -> Config {
         cfg.sft.output = Some(dir.join("sft"));
         cfg.checkpoint.dir = dir.join("rl");
         if let Some(ws) = cfg.warm_start.as_mut() {
-            ws.tokenizer = dir.join("tokenizer");
+            if let Some(s) = ws.scratch.as_mut() {
+                s.tokenizer = dir.join("tokenizer");
+            }
             if let Some(r) = ws.rft.as_mut() {
                 r.output = dir.join("rft");
             }
         }
-        // RL starts from the SFT checkpoint.
-        if let Some(m) = cfg.model.as_mut() {
+        // RL starts from the SFT checkpoint (a pretrained model stays the base: RL's start is
+        // set by the job).
+        let scratch = cfg.warm_start.as_ref().is_some_and(|w| w.scratch.is_some());
+        if let Some(m) = cfg.model.as_mut().filter(|_| scratch) {
             m.source = mtrl_core::config::ModelSource::Dir(dir.join("sft"));
             m.path_text = dir.join("sft").display().to_string();
         }
@@ -174,6 +183,9 @@ pub fn run(cfg: &Config, o: &DemoOptions) -> Result<DemoOutcome> {
             cfg.source.display()
         )
     })?;
+    let Some(scratch) = ws.scratch.clone() else {
+        return crate::pretrained_job::run(cfg, &ws, o);
+    };
     if cfg.lora.is_some() {
         crate::bail!(
             "{}: the default job warm-starts every weight of a policy built from scratch, so it \
@@ -198,9 +210,9 @@ pub fn run(cfg: &Config, o: &DemoOptions) -> Result<DemoOutcome> {
     let teacher = teacher(cfg, &ws, &index, &train_tasks)?;
     st.start("4/8 tokenizer");
     let tools = sft::tool_schemas(cfg, index.clone());
-    warm_start::train_tokenizer(&ws, &index, &teacher, &tools, &ws.tokenizer)?;
+    warm_start::train_tokenizer(&ws, &index, &teacher, &tools, &scratch.tokenizer)?;
     st.start("5/8 warm start (SFT)");
-    let base = warm_start_sft(cfg, &ws, &tools, &teacher, o.progress)?;
+    let base = warm_start_sft(cfg, &scratch, &tools, &teacher, o.progress)?;
     st.start("6/8 RFT control");
     let (rft_dir, rft_pool, rft_kept, rft_step) = match &ws.rft {
         Some(r) => {
@@ -259,15 +271,18 @@ pub fn run(cfg: &Config, o: &DemoOptions) -> Result<DemoOutcome> {
     );
     st.start(&format!("8/8 evaluation on the {} split", o.split.name()));
     let dir = report_dir(cfg);
-    let eval = demo_eval::evaluate(
-        cfg,
-        &ws,
-        index,
-        &sets.validation,
-        demo_eval::Models { base, rft: rft_dir },
-        o,
-        &dir,
-    )?;
+    let model = |label: &str, dir: PathBuf| ModelRef {
+        label: label.into(),
+        dir,
+        adapter: None,
+    };
+    let mut before = vec![model("base", base)];
+    before.extend(rft_dir.map(|d| model("rft", d)));
+    let models = demo_eval::Models {
+        before,
+        tuned_base: None,
+    };
+    let eval = demo_eval::evaluate(cfg, &ws, index, &sets.validation, models, o, &dir)?;
     let plots = mtrl_eval::plot::plot_run(&cfg.checkpoint.dir, &cfg.checkpoint.dir.join("plots"))?;
     st.close();
     let total_s = st.t0.elapsed().as_secs_f64();
@@ -297,14 +312,14 @@ pub fn run(cfg: &Config, o: &DemoOptions) -> Result<DemoOutcome> {
 }
 
 /// RL's optimizer steps in this run (the RFT control gets the same budget).
-fn rl_steps(cfg: &Config, o: &DemoOptions) -> usize {
+pub(crate) fn rl_steps(cfg: &Config, o: &DemoOptions) -> usize {
     o.max_steps
         .map_or(cfg.train.max_steps, |m| m.min(cfg.train.max_steps))
         .max(1) as usize
 }
 
 /// Stage 1: train / validation / test task files beside the first test file.
-fn task_files(cfg: &Config) -> Result<()> {
+pub(crate) fn task_files(cfg: &Config) -> Result<()> {
     let d = cfg.data()?;
     let test = d
         .test
@@ -317,7 +332,7 @@ fn task_files(cfg: &Config) -> Result<()> {
 }
 
 /// Stage 3: the teacher's episodes on the training tasks, written to `[sft] trajectories`.
-fn teacher(
+pub(crate) fn teacher(
     cfg: &Config,
     ws: &WarmStartConfig,
     index: &Arc<SearchIndex>,
@@ -347,7 +362,7 @@ fn teacher(
 /// one id per document, so its size follows the collection.
 fn warm_start_sft(
     cfg: &Config,
-    ws: &WarmStartConfig,
+    ws: &Scratch,
     tools: &[Value],
     teacher: &[Trajectory],
     progress: bool,

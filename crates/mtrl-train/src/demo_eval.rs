@@ -1,10 +1,11 @@
-//! The default job's last stage: base (SFT) vs the RFT control vs tuned (RL) vs every scripted
+//! The warm-start job's last stage: the policies before RL (from scratch: base = SFT, and the
+//! RFT control; pretrained: the base model and its SFT warm start) vs tuned (RL) vs every scripted
 //! baseline on a held-out split, with the strategies they play.
 //!
-//! Contenders: `base`, `rft`, `tuned`, `bm25-once`, `vector-once`, `hybrid-rrf` and
+//! Contenders: those before RL, `tuned`, `bm25-once`, `vector-once`, `hybrid-rrf` and
 //! `teacher-best` — the best fixed strategy the teacher knows ([`mtrl_env::best_fixed`]), chosen
-//! on the **validation** split whatever split is evaluated. Comparisons: tuned − base,
-//! tuned − rft and tuned − teacher-best, each with the paired bootstrap interval of the nDCG@10
+//! on the **validation** split whatever split is evaluated. Comparisons: tuned − each policy
+//! before RL and tuned − teacher-best, each with the paired bootstrap interval of the nDCG@10
 //! difference. The report is `eval.{md,json,csv}` plus `strategy.md` (tools, searches, k, hits
 //! and turns of every contender, greedy and sampled).
 //!
@@ -50,10 +51,19 @@ impl Split {
     }
 }
 
-/// The checkpoints to evaluate besides the newest RL one.
+/// A policy to evaluate: a checkpoint folder (or `.gguf`), with a PEFT adapter on top or not.
+#[derive(Debug, Clone)]
+pub struct ModelRef {
+    pub label: String,
+    pub dir: PathBuf,
+    pub adapter: Option<PathBuf>,
+}
+
+/// The policies to evaluate besides RL's (`tuned`, compared with each of them).
 pub struct Models {
-    pub base: PathBuf,
-    pub rft: Option<PathBuf>,
+    pub before: Vec<ModelRef>,
+    /// RL trained an adapter on this base (its checkpoints hold only the adapter).
+    pub tuned_base: Option<PathBuf>,
 }
 
 /// The report and the teacher-best baseline it used.
@@ -100,8 +110,8 @@ pub fn evaluate(
         .then(|| crate::validate::best_step(&cfg.checkpoint.dir))
         .transpose()?;
     eprintln!("         tuned: {} ({which})", tuned.display());
-    let mut settings = EvalSettings::from_config(cfg, o.eval_k)?;
-    settings.tokenizer = Some(ws.tokenizer.clone());
+    let mut settings = EvalSettings::from_config(cfg, o.eval_k.unwrap_or(ws.eval_k))?;
+    settings.tokenizer = ws.scratch.as_ref().map(|s| s.tokenizer.clone());
     let sets = match o.split {
         Split::Test => prepare_test_sets(cfg, o.eval_limit)?,
         Split::Validation => {
@@ -112,18 +122,29 @@ pub fn evaluate(
             prepare_test_sets(&v, o.eval_limit)?
         }
     };
-    let model = |label: &str, dir: PathBuf| Contender::ModelDir {
-        label: label.into(),
-        dir,
-        adapter: None,
+    let model = |m: ModelRef| Contender::ModelDir {
+        label: m.label,
+        dir: m.dir,
+        adapter: m.adapter,
     };
-    let mut contenders = vec![model("base", models.base)];
-    let mut compare = vec![("tuned".to_string(), "base".to_string())];
-    if let Some(r) = models.rft {
-        contenders.push(model("rft", r));
-        compare.push(("tuned".into(), "rft".into()));
+    let mut contenders = Vec::new();
+    let mut compare = Vec::new();
+    for m in models.before {
+        compare.push(("tuned".to_string(), m.label.clone()));
+        contenders.push(model(m));
     }
-    contenders.push(model("tuned", tuned));
+    contenders.push(model(match models.tuned_base {
+        Some(base) => ModelRef {
+            label: "tuned".into(),
+            dir: base,
+            adapter: Some(tuned),
+        },
+        None => ModelRef {
+            label: "tuned".into(),
+            dir: tuned,
+            adapter: None,
+        },
+    }));
     contenders.extend(Baseline::ALL.map(Contender::Scripted));
     contenders.push(Contender::Strategy {
         label: "teacher-best".into(),

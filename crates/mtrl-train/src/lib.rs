@@ -33,6 +33,7 @@ pub mod demo_eval;
 pub mod demo_table;
 pub mod error;
 pub mod eval;
+pub mod pretrained_job;
 pub mod resume;
 pub mod rft;
 pub mod run;

@@ -172,6 +172,7 @@ pub fn run(
         trajectories: None,
         output: Some(rft.output.clone()),
         epochs: 1,
+        max_steps: 0,
         batch_size: batch,
         lr: rft.lr,
         warmup_steps: cfg.train.warmup_steps,

@@ -113,7 +113,26 @@ pub fn initial_policy(cfg: &Config, parts: &ModelParts) -> Result<Policy> {
     parts.tokenizer.check_vocab(p.config().vocab_size)?;
     match &cfg.lora {
         // A fresh adapter (B = 0: the policy starts as the base), drawn from the run's seed.
-        Some(l) => Ok(p.with_lora(lora_spec(l), None, seed)?),
+        Some(l) if l.init.is_none() => Ok(p.with_lora(lora_spec(l), None, seed)?),
+        Some(l) => {
+            let dir = l.init.as_deref().unwrap_or(Path::new(""));
+            let p = p.load_adapter(dir).with_context(|| {
+                format!(
+                    "{}: `lora.init`: loading the adapter in {}",
+                    cfg.source.display(),
+                    dir.display()
+                )
+            })?;
+            let (want, got) = (lora_spec(l), p.lora().cloned());
+            if got.as_ref() != Some(&want) {
+                crate::bail!(
+                    "{}: `lora.init` {} is an adapter of {got:?}, but [lora] asks for {want:?}",
+                    cfg.source.display(),
+                    dir.display()
+                );
+            }
+            Ok(p)
+        }
         None => Ok(p),
     }
 }
@@ -157,6 +176,7 @@ pub fn lora_spec(l: &mtrl_core::config::LoraConfig) -> LoraSpec {
         targets: l.target_modules.clone(),
         dropout: l.dropout,
         rslora: l.rslora,
+        layers: l.layers_to_transform.clone(),
     }
 }
 

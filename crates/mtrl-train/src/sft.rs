@@ -102,9 +102,13 @@ pub fn examples(
     Ok(examples)
 }
 
-/// Optimizer steps of fine-tuning on `n` examples.
+/// Optimizer steps of fine-tuning on `n` examples (`max_steps` caps the epochs').
 fn total_steps(n: usize, s: &SftSettings) -> u64 {
-    (n.div_ceil(s.batch_size) * s.epochs) as u64
+    let all = (n.div_ceil(s.batch_size) * s.epochs) as u64;
+    match s.max_steps {
+        0 => all,
+        m => all.min(m),
+    }
 }
 
 /// The sinks of an SFT run writing into `out`: `sft-metrics.jsonl` there, the bar when
@@ -194,6 +198,9 @@ pub fn fine_tune(
             order.swap(i, rng.below(i + 1));
         }
         for chunk in order.chunks(s.batch_size) {
+            if opt.step_count() >= total {
+                break;
+            }
             let batch: Vec<SftExample> = chunk.iter().map(|&i| examples[i].clone()).collect();
             let m = mtrl_learner::sft_step(policy, &mut opt, &batch, &cfg)?;
             let rec = SftRecord {

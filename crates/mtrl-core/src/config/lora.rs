@@ -11,6 +11,12 @@
 //!                           # `sampler_gap` record shows by how much): keep 0 for RL
 //! rslora = false            # scaling alpha / sqrt(r)
 //! serving = "auto"          # how the rollout engine applies it: "auto" | "unmerged" | "merged"
+//! layers_to_transform = [20, 21, 22, 23]  # PEFT's key: adapt only these decoder layers (default:
+//!                           # all); backward stops below the lowest, so adapting the last few
+//!                           # layers makes a learner step cheaper as well as the adapter smaller
+//! init = "runs/sft"         # start from this PEFT adapter folder (e.g. an SFT warm start)
+//!                           # instead of a fresh one (B = 0); its rank, alpha, targets, layers
+//!                           # and scaling must be this section's
 //! ```
 //!
 //! The section's presence turns LoRA on; `[hyperparameters] lora_rank` / `lora_alpha` create it.
@@ -106,6 +112,16 @@ pub struct LoraSpec {
     pub dropout: Option<f64>,
     pub rslora: Option<bool>,
     pub serving: Option<String>,
+    pub layers_to_transform: Option<LayerList>,
+    pub init: Option<String>,
+}
+
+/// `layers_to_transform`: one index or a list (PEFT accepts both).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum LayerList {
+    One(usize),
+    Many(Vec<usize>),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -117,6 +133,10 @@ pub struct LoraConfig {
     pub rslora: bool,
     /// `auto`, `unmerged` or `merged`.
     pub serving: String,
+    /// The decoder layers adapted, ascending without repeats; `None`: all of them.
+    pub layers_to_transform: Option<Vec<usize>>,
+    /// A PEFT adapter folder to start from instead of a fresh adapter.
+    pub init: Option<std::path::PathBuf>,
 }
 
 impl LoraSpec {
@@ -136,6 +156,24 @@ impl LoraSpec {
                 format!("`{serving}` is not one of {}", LORA_SERVINGS.join(", ")),
             ));
         }
+        let layers_to_transform = match self.layers_to_transform {
+            None => None,
+            Some(l) => {
+                let mut l = match l {
+                    LayerList::One(i) => vec![i],
+                    LayerList::Many(l) => l,
+                };
+                if l.is_empty() {
+                    return Err(ctx.invalid(
+                        "lora.layers_to_transform",
+                        "is an empty list (leave it out to adapt every layer)",
+                    ));
+                }
+                l.sort_unstable();
+                l.dedup();
+                Some(l)
+            }
+        };
         Ok(LoraConfig {
             rank,
             alpha,
@@ -143,6 +181,8 @@ impl LoraSpec {
             dropout,
             rslora: self.rslora.unwrap_or(false),
             serving,
+            layers_to_transform,
+            init: self.init.map(|p| ctx.resolve(&p)),
         })
     }
 }
@@ -160,5 +200,31 @@ mod tests {
         assert!(e.contains("lora.serving") && e.contains("bf16"), "{e}");
         let ok = text.replace("'merged'", "'auto'");
         assert!(crate::Config::from_toml_str(&ok, Path::new("m.toml")).is_ok());
+    }
+
+    fn lora(extra: &str) -> Result<crate::config::LoraConfig, String> {
+        let text = format!("[model]\npath = 'random:tiny'\n[lora]\n{extra}\n");
+        crate::Config::from_toml_str(&text, Path::new("/r/m.toml"))
+            .map(|c| c.lora.unwrap())
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn layers_and_init() {
+        let l = lora("layers_to_transform = [3, 1, 3]\ninit = 'sft'").unwrap();
+        assert_eq!(l.layers_to_transform, Some(vec![1, 3]));
+        assert_eq!(l.init, Some(std::path::PathBuf::from("/r/sft")));
+        assert_eq!(
+            lora("layers_to_transform = 2").unwrap().layers_to_transform,
+            Some(vec![2])
+        );
+        assert_eq!(lora("").unwrap().layers_to_transform, None);
+        let e = lora("layers_to_transform = []").unwrap_err();
+        assert!(
+            e.contains("lora.layers_to_transform") && e.contains("m.toml"),
+            "{e}"
+        );
+        let e = lora("layers_to_transform = 'last'").unwrap_err();
+        assert!(e.contains("layers_to_transform"), "{e}");
     }
 }

@@ -43,7 +43,7 @@ pub use search::{
     Bm25Config, Columns, EmbedderChoice, RetrievalEvalConfig, SearchConfig, SearchSpec, StopWords,
     VectorConfig,
 };
-pub use sft::{RftConfig, RftSpec, SftSettings, SftSpec, WarmStartConfig, WarmStartSpec};
+pub use sft::{RftConfig, RftSpec, Scratch, SftSettings, SftSpec, WarmStartConfig, WarmStartSpec};
 pub use train::{LrScheduleKind, TrainConfig, TrainSpec, VAL_METRICS};
 
 use crate::error::{CoreError, Result};
@@ -209,6 +209,31 @@ impl ConfigSpec {
                 ));
             }
         }
+        if let Some(ws) = warm_start.as_ref().filter(|w| w.scratch.is_none()) {
+            if ws.rft.is_some() {
+                return Err(ctx.invalid(
+                    "warm_start.rft",
+                    "the RFT control runs only in a job that builds its policy from scratch \
+                     (`warm_start.model_config`)",
+                ));
+            }
+            if !model
+                .as_ref()
+                .is_some_and(|m| matches!(m.source, ModelSource::Dir(_)))
+            {
+                return Err(ctx.invalid(
+                    "warm_start",
+                    "without `model_config` it warm-starts the pretrained [model], so `model.path` \
+                     must be a checkpoint folder or a .gguf file",
+                ));
+            }
+            if lora.as_ref().is_some_and(|l| l.init.is_some()) {
+                return Err(ctx.invalid(
+                    "lora.init",
+                    "the job with [warm_start] starts RL from its own SFT adapter",
+                ));
+            }
+        }
         if rollout.environment == rollout::EnvironmentKind::Agent
             && env
                 .as_ref()
@@ -314,6 +339,55 @@ mod tests {
         );
         let cfg = load("[env]\nsubmit_hits = true\nsubmit_rrf = true\n").unwrap();
         assert_eq!(cfg.warm_start.unwrap().p_rrf, 0.5);
+    }
+
+    #[test]
+    fn a_warm_start_of_a_pretrained_model() {
+        let load =
+            |t: &str| Config::from_toml_str(t, Path::new("w.toml")).map_err(|e| e.to_string());
+        let model = "[model]\npath = 'qwen.gguf'\n";
+        let cfg = load(&format!(
+            "{model}[warm_start]\neval_k = 0\n[sft]\nmax_steps = 3\n"
+        ))
+        .unwrap();
+        let ws = cfg.warm_start.unwrap();
+        assert!(ws.scratch.is_none());
+        assert_eq!(ws.eval_k, 0);
+        assert_eq!(cfg.sft.max_steps, 3);
+        for (text, key) in [
+            // Keys of a tokenizer that is not trained, or a tokenizer without a model config.
+            (
+                format!("{model}[warm_start]\ntokenizer_vocab = 900\n"),
+                "warm_start.tokenizer_vocab",
+            ),
+            (
+                format!("{model}[warm_start]\nid_tokens = true\n"),
+                "warm_start.id_tokens",
+            ),
+            (
+                format!("{model}[warm_start]\ntokenizer = 't'\n"),
+                "warm_start.tokenizer",
+            ),
+            (
+                "[model]\npath = 'random:tiny'\n[warm_start]\n".to_string(),
+                "model.path",
+            ),
+            (
+                format!("{model}[warm_start]\n[warm_start.rft]\noutput = 'r'\n"),
+                "warm_start.rft",
+            ),
+            (
+                format!("{model}[lora]\ninit = 'a'\n[warm_start]\n"),
+                "lora.init",
+            ),
+            (
+                "[warm_start]\nmodel_config = 'm.json'\n".to_string(),
+                "warm_start.tokenizer",
+            ),
+        ] {
+            let e = load(&text).unwrap_err();
+            assert!(e.contains(key) && e.contains("w.toml"), "{key}: {e}");
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! trajectories = "runs/teacher.jsonl"   # default input of `mtrl sft` (JSON Lines trajectories)
 //! output = "runs/sft"                   # where the fine-tuned HF checkpoint is written
 //! epochs = 2
+//! max_steps = 0                         # stop after this many optimizer steps (0: the epochs')
 //! batch_size = 32                       # conversations per optimizer step
 //! lr = 3e-3
 //! warmup_steps = 5                      # then cosine decay to min_lr over the run
@@ -17,8 +18,10 @@
 //! seed = 0                              # shuffling
 //!
 //! [warm_start]
-//! model_config = "demo-model.json"      # HF config.json of the random-init policy
-//! tokenizer = "runs/tokenizer"           # where the trained tokenizer is written
+//! model_config = "demo-model.json"      # HF config.json of a random-init policy built from scratch;
+//!                                       # leave it out to warm-start the pretrained [model]
+//!                                       # (with its [lora] adapter when there is one)
+//! tokenizer = "runs/tokenizer"           # where the trained tokenizer is written (from scratch only)
 //! tokenizer_vocab = 2048                # BPE trained on the corpus + teacher conversations
 //! teacher_samples = 4                   # teacher episodes per training task
 //! pseudo_queries = 600                  # extra teacher episodes on document titles
@@ -31,6 +34,8 @@
 //!                                       #   ({"top": n, "rrf": true}; needs env.submit_rrf)
 //! keyword_queries = true               # the teacher searches with content words only
 //! id_tokens = true                      # every document id is one token of the tokenizer
+//! eval_k = 4                            # sampled attempts per task in the final evaluation
+//!                                       # (pass@k); 0: greedy only (`--eval-k` overrides)
 //!
 //! [warm_start.rft]                      # the rejection-sampling control of the default job:
 //! threshold = 0.3                       #   SFT of the base on teacher episodes with reward ≥ this,
@@ -51,6 +56,7 @@ pub struct SftSpec {
     pub trajectories: Option<String>,
     pub output: Option<String>,
     pub epochs: Option<usize>,
+    pub max_steps: Option<u64>,
     pub batch_size: Option<usize>,
     pub lr: Option<f64>,
     pub warmup_steps: Option<u64>,
@@ -65,6 +71,8 @@ pub struct SftSettings {
     pub trajectories: Option<PathBuf>,
     pub output: Option<PathBuf>,
     pub epochs: usize,
+    /// Stop after this many optimizer steps; 0: every step of `epochs`.
+    pub max_steps: u64,
     pub batch_size: usize,
     pub lr: f64,
     pub warmup_steps: u64,
@@ -92,6 +100,7 @@ impl SftSpec {
             trajectories: self.trajectories.map(|p| ctx.resolve(&p)),
             output: self.output.map(|p| ctx.resolve(&p)),
             epochs: ctx.range("sft.epochs", self.epochs.unwrap_or(1), 1, 10_000)?,
+            max_steps: self.max_steps.unwrap_or(0),
             batch_size: ctx.range("sft.batch_size", self.batch_size.unwrap_or(32), 1, 1 << 20)?,
             lr,
             warmup_steps: self.warmup_steps.unwrap_or(0),
@@ -124,6 +133,7 @@ pub struct WarmStartSpec {
     pub p_rrf: Option<f64>,
     pub keyword_queries: Option<bool>,
     pub id_tokens: Option<bool>,
+    pub eval_k: Option<usize>,
     pub rft: Option<RftSpec>,
 }
 
@@ -145,10 +155,18 @@ pub struct RftConfig {
     pub output: PathBuf,
 }
 
+/// What a from-scratch warm start builds: a random-init policy of `model_config` and a tokenizer
+/// trained into `tokenizer`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct WarmStartConfig {
+pub struct Scratch {
     pub model_config: PathBuf,
     pub tokenizer: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct WarmStartConfig {
+    /// `None`: the pretrained `[model]` is warm-started (its own tokenizer and chat template).
+    pub scratch: Option<Scratch>,
     pub tokenizer_vocab: usize,
     pub teacher_samples: usize,
     pub pseudo_queries: usize,
@@ -161,14 +179,45 @@ pub struct WarmStartConfig {
     pub p_rrf: f64,
     pub keyword_queries: bool,
     pub id_tokens: bool,
+    /// pass@k's k (sampled attempts per task) of the job's final evaluation; 0: greedy only.
+    pub eval_k: usize,
     pub rft: Option<RftConfig>,
 }
 
 impl WarmStartSpec {
     pub(crate) fn validate(self, ctx: &Ctx<'_>) -> Result<WarmStartConfig> {
-        let model_config = self
-            .model_config
-            .ok_or_else(|| ctx.invalid("warm_start.model_config", "is required"))?;
+        let scratch =
+            match (self.model_config, self.tokenizer) {
+                (Some(m), Some(t)) => Some(Scratch {
+                    model_config: ctx.resolve(&m),
+                    tokenizer: ctx.resolve(&t),
+                }),
+                (None, None) => {
+                    // Keys of a tokenizer that is not trained would not act.
+                    for (key, set) in [
+                        ("warm_start.tokenizer_vocab", self.tokenizer_vocab.is_some()),
+                        ("warm_start.id_tokens", self.id_tokens.is_some()),
+                    ] {
+                        if set {
+                            return Err(ctx.invalid(
+                                key,
+                                "only acts with `warm_start.model_config` (a policy built from \
+                             scratch with its own tokenizer); the pretrained [model] keeps its own",
+                            ));
+                        }
+                    }
+                    None
+                }
+                (Some(_), None) => return Err(ctx.invalid(
+                    "warm_start.tokenizer",
+                    "is required with `warm_start.model_config` (where the trained tokenizer goes)",
+                )),
+                (None, Some(_)) => return Err(ctx.invalid(
+                    "warm_start.tokenizer",
+                    "only acts with `warm_start.model_config`: the pretrained [model] keeps its \
+                     own tokenizer",
+                )),
+            };
         let prob = |key: &str, v: Option<f64>, d: f64| -> Result<f64> {
             let v = v.unwrap_or(d);
             if !(0.0..=1.0).contains(&v) {
@@ -176,9 +225,6 @@ impl WarmStartSpec {
             }
             Ok(v)
         };
-        let tokenizer = self
-            .tokenizer
-            .ok_or_else(|| ctx.invalid("warm_start.tokenizer", "is required"))?;
         let rft = match self.rft {
             None => None,
             Some(r) => {
@@ -201,8 +247,7 @@ impl WarmStartSpec {
             }
         };
         Ok(WarmStartConfig {
-            model_config: ctx.resolve(&model_config),
-            tokenizer: ctx.resolve(&tokenizer),
+            scratch,
             tokenizer_vocab: ctx.range(
                 "warm_start.tokenizer_vocab",
                 self.tokenizer_vocab.unwrap_or(2048),
@@ -229,6 +274,7 @@ impl WarmStartSpec {
             p_rrf: prob("warm_start.p_rrf", self.p_rrf, 0.0)?,
             keyword_queries: self.keyword_queries.unwrap_or(true),
             id_tokens: self.id_tokens.unwrap_or(true),
+            eval_k: ctx.range("warm_start.eval_k", self.eval_k.unwrap_or(4), 0, 1000)?,
             rft,
         })
     }

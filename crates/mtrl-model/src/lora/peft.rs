@@ -77,12 +77,14 @@ pub fn read_config(dir: &Path) -> Result<(LoraSpec, Option<String>)> {
             .ok_or_else(|| invalid(&path, "use_rslora", "not true or false"))?,
     };
     let targets = target_modules(&path, get("target_modules"))?;
+    let layers = layers_to_transform(&path, get("layers_to_transform"))?;
     let spec = LoraSpec {
         rank,
         alpha,
         targets,
         dropout,
         rslora,
+        layers,
     };
     spec.check().map_err(|(field, message)| {
         let key = match field {
@@ -122,6 +124,31 @@ fn target_modules(path: &Path, v: Option<&Value>) -> Result<Vec<String>> {
     })
 }
 
+/// `layers_to_transform`: absent / null (every layer), one index, or a list of indices (kept
+/// sorted, without repeats).
+fn layers_to_transform(path: &Path, v: Option<&Value>) -> Result<Option<Vec<usize>>> {
+    let one = |x: &Value| {
+        x.as_u64().map(|i| i as usize).ok_or_else(|| {
+            invalid(
+                path,
+                "layers_to_transform",
+                format!("{x} is not a layer index"),
+            )
+        })
+    };
+    let mut l = match v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Array(a)) => a.iter().map(one).collect::<Result<Vec<_>>>()?,
+        Some(x) => vec![one(x)?],
+    };
+    if l.is_empty() {
+        return Err(invalid(path, "layers_to_transform", "is an empty list"));
+    }
+    l.sort_unstable();
+    l.dedup();
+    Ok(Some(l))
+}
+
 /// Errors for anything of PEFT's that is not plain LoRA (naming the field).
 fn check_plain_lora(path: &Path, obj: &serde_json::Map<String, Value>) -> Result<()> {
     let path = path.to_path_buf();
@@ -157,7 +184,6 @@ fn check_plain_lora(path: &Path, obj: &serde_json::Map<String, Value>) -> Result
         "rank_pattern",
         "alpha_pattern",
         "modules_to_save",
-        "layers_to_transform",
         "layers_pattern",
         "layer_replication",
         "exclude_modules",
@@ -224,7 +250,7 @@ pub fn config_json(spec: &LoraSpec, base_model: &str) -> String {
         "kasa_config": null,
         "layer_replication": null,
         "layers_pattern": null,
-        "layers_to_transform": null,
+        "layers_to_transform": spec.layers,
         "loftq_config": {},
         "lora_alpha": alpha_value(spec.alpha),
         "lora_bias": false,

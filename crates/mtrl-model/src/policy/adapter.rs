@@ -61,7 +61,12 @@ pub(crate) fn pair(
 ) -> Result<Option<LoraPair>> {
     let Some(l) = lora else { return Ok(None) };
     let short = module.rsplit('.').next().unwrap_or(module);
-    if !module.starts_with("model.layers.") || !l.spec.targets.iter().any(|t| t == short) {
+    let layer = module
+        .strip_prefix("model.layers.")
+        .and_then(|r| r.split('.').next())
+        .and_then(|i| i.parse::<usize>().ok());
+    let Some(layer) = layer else { return Ok(None) };
+    if !l.spec.adapts_layer(layer) || !l.spec.targets.iter().any(|t| t == short) {
         return Ok(None);
     }
     let get = |part: char| -> Result<Tensor> {
@@ -106,6 +111,8 @@ impl Policy {
         spec.check().map_err(|(field, m)| {
             ModelError::InvalidArgument(format!("lora {}: {m}", field.name()))
         })?;
+        spec.check_layers(self.config.num_hidden_layers)
+            .map_err(|m| ModelError::InvalidArgument(format!("lora layers_to_transform: {m}")))?;
         let tensors = match tensors {
             Some(t) => t,
             None => lora::init(&self.config, &spec, seed, self.dtype, &self.device)?,
