@@ -1,6 +1,7 @@
 //! `mtrl train --config FILE [--fresh] [--max-steps N]`: RL training with asynchronous rollouts
-//! (`mtrl_train::train`); without `--config`, or with a config that has `[warm_start]`, the whole
-//! warm-start job (`mtrl demo`: teacher, SFT, RL, evaluation). Prints the run's summary as JSON;
+//! (`mtrl_train::train`); without `--config`, the default job (`mtrl demo`); with a config whose
+//! `[warm_start]` warm-starts a pretrained model (no `model_config`), that whole job (teacher, SFT,
+//! RL, evaluation). Prints the run's summary as JSON;
 //! Ctrl-C / SIGTERM checkpoint and exit 0.
 
 use std::path::PathBuf;
@@ -40,8 +41,9 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         });
     };
     let cfg = mtrl_core::Config::load(path)?;
-    // A config with [warm_start] is a whole job: teacher, SFT, RL, evaluation.
-    if cfg.warm_start.is_some() {
+    // A config that warm-starts a pretrained model is a whole job: teacher, SFT, RL, evaluation
+    // (a from-scratch [warm_start] config is `mtrl demo`'s; here it trains RL from its [model]).
+    if cfg.warm_start.as_ref().is_some_and(|w| w.scratch.is_none()) {
         return demo::run(&DemoArgs {
             config: Some(path.clone()),
             max_steps: args.max_steps,
