@@ -12,10 +12,9 @@ use std::ops::Range;
 
 use std::time::Instant;
 
-use candle_core::backprop::GradStore;
-use candle_core::{DType, Tensor, Var};
+use candle_core::{DType, Tensor};
 use mtrl_algo::{aggregate, kl_k3, masked_sum, per_token_loss, GlobalCounts, LossInputs};
-use mtrl_model::{token_logprobs_at, Policy, TokenLogprobs, DEFAULT_CHUNK_ELEMS};
+use mtrl_model::{token_logprobs_at, Policy, DEFAULT_CHUNK_ELEMS};
 
 use crate::batch::{micro_batches, Row};
 use crate::clip::{accumulate, clip_or_norm};
@@ -139,22 +138,6 @@ pub(crate) fn proximal_logprobs(policy: &Policy, rows: &mut [Row], cfg: &StepCon
     Ok(())
 }
 
-/// The loss of a training forward's log-probs and the parameter gradients through it (the second
-/// half of [`mtrl_model::logprobs_and_grads_at`], timed apart from the forward).
-fn loss_and_grads(
-    fwd: &TokenLogprobs,
-    loss_fn: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
-) -> Result<(f32, GradStore)> {
-    let lp = Var::from_tensor(&fwd.logprobs)?;
-    let loss = loss_fn(lp.as_tensor())?;
-    let value = loss.to_dtype(DType::F32)?.to_scalar::<f32>()?;
-    let g = match loss.backward()?.get(lp.as_tensor()) {
-        Some(g) => g.clone(),
-        None => lp.as_tensor().zeros_like()?,
-    };
-    Ok((value, fwd.backward(&g)?))
-}
-
 fn algo(e: mtrl_algo::AlgoError) -> candle_core::Error {
     candle_core::Error::Msg(e.to_string())
 }
@@ -243,7 +226,8 @@ impl Learner {
             )?;
             out.forward_s += t_fwd.elapsed().as_secs_f64();
             let t_bwd = Instant::now();
-            let (loss, g) = loss_and_grads(&fwd, |lp| {
+            // The forward and the backward of `logprobs_and_grads_at`, timed apart.
+            let (loss, g) = fwd.loss_and_grads(|lp| {
                 let x = LossInputs {
                     logp: lp,
                     logp_old: old,

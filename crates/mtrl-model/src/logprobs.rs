@@ -201,6 +201,23 @@ pub fn token_logprobs_at(
 }
 
 impl TokenLogprobs {
+    /// The value of `loss_fn` of these log-probs (a `[b, t_len - 1]` tensor that records
+    /// gradients; a scalar loss) and the parameter gradients through it. Requires a forward with
+    /// `differentiable = true`.
+    pub fn loss_and_grads(
+        &self,
+        loss_fn: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
+    ) -> Result<(f32, GradStore)> {
+        let lp = Var::from_tensor(&self.logprobs)?;
+        let loss = loss_fn(lp.as_tensor())?;
+        let value = loss.to_dtype(DType::F32)?.to_scalar::<f32>()?;
+        let g = match loss.backward()?.get(lp.as_tensor()) {
+            Some(g) => g.clone(),
+            None => lp.as_tensor().zeros_like()?,
+        };
+        Ok((value, self.backward(&g)?))
+    }
+
     /// Gradients of every parameter given `grad` = dL/dlogp `[b, t_len - 1]` (invalid entries are
     /// ignored). Requires a forward with `differentiable = true`.
     pub fn backward(&self, grad: &Tensor) -> Result<GradStore> {
@@ -361,13 +378,6 @@ pub fn logprobs_and_grads_at(
         true,
         DEFAULT_CHUNK_ELEMS,
     )?;
-    let lp = Var::from_tensor(&fwd.logprobs)?;
-    let loss = loss_fn(lp.as_tensor())?;
-    let value = loss.to_dtype(DType::F32)?.to_scalar::<f32>()?;
-    let g = match loss.backward()?.get(lp.as_tensor()) {
-        Some(g) => g.clone(),
-        None => lp.as_tensor().zeros_like()?,
-    };
-    let grads = fwd.backward(&g)?;
+    let (value, grads) = fwd.loss_and_grads(loss_fn)?;
     Ok((value, fwd, grads))
 }

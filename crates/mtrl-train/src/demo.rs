@@ -283,6 +283,19 @@ pub fn run(cfg: &Config, o: &DemoOptions) -> Result<DemoOutcome> {
         tuned_base: None,
     };
     let eval = demo_eval::evaluate(cfg, &ws, index, &sets.validation, models, o, &dir)?;
+    finish(cfg, o, st, eval, dir, (rft_pool, rft_kept, rft_step))
+}
+
+/// The last step of both warm-start jobs: RL's curves, then `demo.json` (what ran; the RFT
+/// control's pool, kept episodes and chosen step) beside the report.
+pub(crate) fn finish(
+    cfg: &Config,
+    o: &DemoOptions,
+    mut st: Stages,
+    eval: demo_eval::DemoEval,
+    dir: PathBuf,
+    (rft_pool, rft_kept, rft_step): (usize, usize, Option<u64>),
+) -> Result<DemoOutcome> {
     let plots = mtrl_eval::plot::plot_run(&cfg.checkpoint.dir, &cfg.checkpoint.dir.join("plots"))?;
     st.close();
     let total_s = st.t0.elapsed().as_secs_f64();

@@ -19,7 +19,7 @@ use mtrl_core::config::{ModelSource, WarmStartConfig};
 use mtrl_core::Config;
 use serde_json::json;
 
-use crate::demo::{self, DemoOptions, DemoOutcome, DemoRecord, Stages};
+use crate::demo::{self, DemoOptions, DemoOutcome, Stages};
 use crate::demo_eval::{self, ModelRef};
 use crate::error::{Context, Result};
 use crate::run::{train, TrainOptions};
@@ -115,32 +115,7 @@ pub fn run(cfg: &Config, ws: &WarmStartConfig, o: &DemoOptions) -> Result<DemoOu
         tuned_base: lora.then_some(base),
     };
     let eval = demo_eval::evaluate(&rl, ws, index, &sets.validation, models, o, &dir)?;
-    let plots = mtrl_eval::plot::plot_run(&cfg.checkpoint.dir, &cfg.checkpoint.dir.join("plots"))?;
-    st.close();
-    let total_s = st.t0.elapsed().as_secs_f64();
-    let record = DemoRecord {
-        collection: cfg.name.clone(),
-        seed: cfg.train.seed,
-        split: o.split.name().to_string(),
-        teacher_best: eval.teacher_best.name(),
-        teacher_best_validation_reward: eval.teacher_best_reward,
-        rft_pool: 0,
-        rft_kept: 0,
-        rft_step: None,
-        tuned_step: eval.tuned_step,
-        stage_s: st.done,
-        total_s,
-    };
-    let path = dir.join("demo.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&record)?)
-        .with_context(|| format!("writing {}", path.display()))?;
-    Ok(DemoOutcome {
-        report: eval.report,
-        record,
-        report_dir: dir,
-        plots,
-        total_s,
-    })
+    demo::finish(cfg, o, st, eval, dir, (0, 0, None))
 }
 
 /// RL's config: the job's, starting from the SFT result (its adapter as `lora.init`, or the
