@@ -11,18 +11,9 @@ use std::path::{Path, PathBuf};
 
 use common::{json, mtrl, repo};
 
-/// The fetched GGUF (`MTRL_QWEN_GGUF` overrides the place; `scripts/test.sh` fetches it).
+/// The fetched GGUF ([`common::qwen_gguf`]).
 fn gguf() -> PathBuf {
-    let p = std::env::var_os("MTRL_QWEN_GGUF").map_or_else(
-        || repo().join("models/qwen2.5-coder-0.5b-instruct/model.gguf"),
-        PathBuf::from,
-    );
-    assert!(
-        p.is_file(),
-        "{} is missing: run scripts/fetch-qwen.sh (scripts/test.sh does)",
-        p.display()
-    );
-    p
+    common::qwen_gguf()
 }
 
 /// Cranfield's first `n` queries and their judgments.

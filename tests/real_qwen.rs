@@ -20,18 +20,9 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The fetched GGUF (`MTRL_QWEN_GGUF` overrides the place).
+/// The fetched GGUF ([`common::qwen_gguf`]).
 fn gguf() -> PathBuf {
-    let p = std::env::var_os("MTRL_QWEN_GGUF").map_or_else(
-        || root().join("models/qwen2.5-coder-0.5b-instruct/model.gguf"),
-        PathBuf::from,
-    );
-    assert!(
-        p.is_file(),
-        "{} is missing: run scripts/fetch-qwen.sh (scripts/test.sh does)",
-        p.display()
-    );
-    p
+    common::qwen_gguf()
 }
 
 fn goldens() -> Value {

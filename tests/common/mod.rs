@@ -23,6 +23,21 @@ pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The fetched Qwen2.5-Coder-0.5B-Instruct GGUF (`MTRL_QWEN_GGUF` overrides the place;
+/// `scripts/test.sh` fetches it).
+pub fn qwen_gguf() -> PathBuf {
+    let p = std::env::var_os("MTRL_QWEN_GGUF").map_or_else(
+        || repo().join("models/qwen2.5-coder-0.5b-instruct/model.gguf"),
+        PathBuf::from,
+    );
+    assert!(
+        p.is_file(),
+        "{} is missing: run scripts/fetch-qwen.sh (scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
+
 /// A config named `name` for Cranfield with the hashing embedder, indexed in `dir`, written to
 /// `dir/file`, with `extra` TOML appended.
 pub fn cranfield_config(dir: &Path, name: &str, file: &str, extra: &str) -> PathBuf {
