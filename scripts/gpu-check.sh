@@ -141,8 +141,10 @@ TORCH_TRAIN_BF16=("${TORCH_COMMON[@]}" --skip-gen --train-batch "$TRAIN_BATCH" -
 # The RL smoke: Cranfield task files (runs/data/cranfield, where the config reads them), then the run
 # from scratch. The config names cuda:0; CUDA_VISIBLE_DEVICES makes that the chosen GPU.
 DATA_PREP=("$BIN" data prepare --config configs/cranfield-hash.toml --out runs/data)
-RL_TRAIN=(env CUDA_VISIBLE_DEVICES="$GPU_INDEX" "$BIN" train --config "$RL_CONFIG" --fresh
-  --max-steps "$RL_STEPS" --quiet)
+# Not --quiet, and with every phase traced (MTRL_TRACE=all): if the run stalls, the last lines of
+# its .err file place the stall (the first GPU run printed nothing for 190 s).
+RL_TRAIN=(env CUDA_VISIBLE_DEVICES="$GPU_INDEX" MTRL_TRACE=all "$BIN" train --config "$RL_CONFIG"
+  --fresh --max-steps "$RL_STEPS")
 
 if [[ "$DRY" == 1 ]]; then
   # Here there is no GPU: a cuda binary can only start against the libcuda stub of
@@ -240,14 +242,15 @@ run() {
   : >"$OUTDIR/$name.mem"
   local sampler=""
   if (( HAVE_SMI )); then
-    nvidia-smi -i "$GPU_INDEX" --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 \
-      >"$OUTDIR/$name.mem" 2>/dev/null &
+    # Memory (MiB) and utilisation (%) every 200 ms: a stall shows as flat memory at 0 %.
+    nvidia-smi -i "$GPU_INDEX" --query-gpu=memory.used,utilization.gpu --format=csv,noheader,nounits \
+      -lms 200 >"$OUTDIR/$name.mem" 2>/dev/null &
     sampler=$!
   fi
   local t0 rc=0; t0=$(date +%s)
   timeout --kill-after=10 "$budget" "$@" >"$out" 2>"$out.err" || rc=$?
   if [[ -n "$sampler" ]]; then kill "$sampler" 2>/dev/null || true; wait "$sampler" 2>/dev/null || true; fi
-  local peak; peak=$(sort -n "$OUTDIR/$name.mem" | tail -n1)
+  local peak; peak=$(cut -d, -f1 "$OUTDIR/$name.mem" | sort -n | tail -n1 | tr -d ' ')
   PEAK[$name]=$(( ${peak:-$base} - base ))
   cat "$out"
   json step="$name" rc="$rc" seconds="$(( $(date +%s) - t0 ))" budget_s="$budget" \

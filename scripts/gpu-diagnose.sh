@@ -2,7 +2,7 @@
 # Places the CUDA RL stall (docs/results/2026-12-04-h200-gpu-check.md: `mtrl train` on one H200 wrote no step and used
 # 0 % of the GPU) in one short run on the GPU machine, about 5 minutes. Every variant runs the
 # train smoke (configs/gpu-train-smoke.toml, one step, `[rollout] timeout_s = 20` so the
-# stuck-rollout watchdog ends it in ~40 s) with `MTRL_TRACE=1` — the last trace line names the
+# stuck-rollout watchdog ends it in ~40 s) with `MTRL_TRACE=all` — the last trace line names the
 # phase that hangs — and, if it is still running after DUMP seconds, a dump of every thread's
 # state (`/proc/PID/task/*`: R = busy, S = waiting, and where) and, with gdb, their backtraces:
 #   smoke     the smoke as it is;
@@ -11,7 +11,8 @@
 #   tiny      the tiny random Qwen3 on the GPU (threading rather than the model's size);
 #   engine    `mtrl bench engine` with 8 two-call episodes, traced (slow or stuck?).
 # Output: one folder per variant under OUT (default runs/gpu-diagnose): trace.log, threads.txt,
-# status (exit code; 124 = killed by the time limit).
+# smi.csv (utilisation and memory every 200 ms), status (exit code; 124 = killed by the time
+# limit).
 #
 #   scripts/gpu-diagnose.sh [--bin target/gpu/mtrl.gz] [--limit 75] [--dump 45] [variant…]
 #   scripts/gpu-diagnose.sh --cpu --bin target/release/mtrl   # here: every variant on the CPU,
@@ -91,7 +92,8 @@ threads() {
 for v in "${VARIANTS[@]}"; do
   dir="$OUTDIR/$v"
   rm -rf "$dir" && mkdir -p "$dir"
-  envs=(MTRL_TRACE=1)
+  # Every phase traced, every forward (not only the first three) synchronised and timed.
+  envs=(MTRL_TRACE=all)
   if [[ "$v" == engine ]]; then
     cmd=("$BIN" bench engine --config bench/qwen3-0.6b.json --device cuda:0 --dtype bf16
       --episodes 8 --calls 2 --repeats 1)
@@ -102,6 +104,13 @@ for v in "${VARIANTS[@]}"; do
     cmd=("$BIN" train --config "$(config "$v")" --fresh --max-steps 1)
   fi
   t0=$(date +%s)
+  # Utilisation and memory every 200 ms beside the run (a stall: flat memory at 0 %).
+  smi=""
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 200 \
+      >"$dir/smi.csv" 2>/dev/null &
+    smi=$!
+  fi
   env "${envs[@]}" timeout "$LIMIT" "${cmd[@]}" >"$dir/stdout.log" 2>"$dir/trace.log" &
   pid=$!
   # The mtrl process itself (timeout's child).
@@ -113,6 +122,7 @@ for v in "${VARIANTS[@]}"; do
   fi
   wait "$pid"
   rc=$?
+  [[ -n "$smi" ]] && { kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null; }
   echo "$rc" >"$dir/status"
   printf '{"variant":"%s","exit":%s,"seconds":%s,"last_trace":%s}\n' "$v" "$rc" \
     "$(($(date +%s) - t0))" \

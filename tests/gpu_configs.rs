@@ -163,3 +163,83 @@ fn lora_configs_validate_with_the_documented_sizes() {
         assert_eq!(c.train.lr, 4e-5, "{name}");
     }
 }
+
+#[test]
+fn the_bf16_cpu_smoke_trains_through_the_gpu_code_path() {
+    // configs/cpu-train-smoke-bf16.toml: bf16 on the CPU selects candle's ops, what CUDA runs, for
+    // the engine (one ragged pass per step, prompt chunks, the device sampler) and the learner
+    // (the chunked head, its gradient formed on the device). Two RL steps, end to end.
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let split = common::prepared_cranfield(d);
+    let text = std::fs::read_to_string(repo().join("configs/cpu-train-smoke-bf16.toml")).unwrap();
+    let text = text
+        .replace(
+            "\"../runs/data/cranfield/train.jsonl\"",
+            &format!("'{}'", split.join("train.jsonl").display()),
+        )
+        .replace("\"../runs/", &format!("\"{}/", d.display()))
+        .replace("\"../", &format!("\"{}/", repo().display()));
+    let cfg = d.join("smoke.toml");
+    std::fs::write(&cfg, text).unwrap();
+    let (ok, out, err) = mtrl(&["train", "--config", cfg.to_str().unwrap(), "--quiet"]);
+    assert!(ok, "{out}\n{err}");
+    let run = d.join("cpu-train-smoke-bf16");
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let steps: Vec<serde_json::Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(steps.len(), 2, "{metrics}");
+    for s in &steps {
+        assert!(s["loss"].as_f64().unwrap().is_finite(), "{s}");
+        assert_eq!(s["sequences"], 8, "{s}");
+        assert_eq!(s["updates"], 1, "{s}");
+        assert!(s["tokens"].as_u64().unwrap() > 0, "{s}");
+        // The learner's bf16 log-probs of the engine's bf16 samples: mean |ratio − 1|.
+        let gap = s["sampler_gap"].as_f64().unwrap();
+        assert!(gap < 0.05, "engine and learner disagree in bf16: {s}");
+    }
+    assert!(steps[0]["prompt_tokens_prefilled"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn kv_cache_fraction_bounds_the_store_in_device_memory() {
+    // `rollout.kv_cache_fraction`: the store may take that share of the device's memory (here
+    // the host's), in positions of the model; the engine's store is bounded by it.
+    let text = std::fs::read_to_string(repo().join("configs/cpu-train-smoke-bf16.toml")).unwrap();
+    let with = |extra: &str| {
+        let t = text.replace("[rollout]\n", &format!("[rollout]\n{extra}"));
+        Config::from_toml_str(&t, &repo().join("configs/x.toml")).unwrap()
+    };
+    let small = with("kv_cache_fraction = 0.001\n");
+    let large = with("kv_cache_fraction = 0.002\n");
+    let parts = mtrl_train::setup::model_parts(&small).unwrap();
+    let policy = mtrl_train::setup::initial_policy(&small, &parts).unwrap();
+    let c = policy.config();
+    let per = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 2; // bf16
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kb: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
+    let want = (kb as f64 * 1024.0 * 0.001 / per as f64) as usize;
+    let opts = mtrl_train::setup::engine_options(&small, &policy).unwrap();
+    assert_eq!(opts.kv_cache_tokens, Some(want));
+    let twice = mtrl_train::setup::engine_options(&large, &policy).unwrap();
+    let t2 = twice.kv_cache_tokens.unwrap();
+    assert!(t2.abs_diff(2 * want) <= 1, "{t2} vs 2 × {want}");
+    let engine = mtrl_model::Engine::with_options(policy, None, 0, opts).unwrap();
+    let bound = engine.options().kv_cache_tokens.unwrap();
+    assert_eq!(bound, want);
+    assert!(
+        engine.resident_tokens().1 >= want,
+        "{:?}",
+        engine.resident_tokens()
+    );
+}

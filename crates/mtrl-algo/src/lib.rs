@@ -26,4 +26,4 @@ pub use advantage::{
 pub use aggregate::{aggregate, Aggregation, GlobalCounts};
 pub use error::{AlgoError, Result};
 pub use kl::kl_k3;
-pub use loss::{masked_sum, per_token_loss, LossInputs, LossOutput, PolicyLoss};
+pub use loss::{masked_sum, masked_total, per_token_loss, LossInputs, LossOutput, PolicyLoss};

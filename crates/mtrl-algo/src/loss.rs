@@ -75,25 +75,48 @@ pub struct LossInputs<'a> {
     pub mask: &'a Tensor,
 }
 
-/// Per-token loss plus the diagnostics the learner logs.
+/// Per-token loss plus the diagnostics the learner logs. The diagnostics are scalar tensors on
+/// the loss's device (no graph): the learner reads them back with its others, once per
+/// micro-batch, instead of one device→host wait each.
 pub struct LossOutput {
     /// `[B, T]`, not yet masked: [`crate::aggregate`] selects the trained positions.
     pub per_token: Tensor,
     /// Number of masked tokens whose objective was clipped (PPO) or capped (CISPO, IS).
-    pub clipped_tokens: f64,
+    pub clipped: Tensor,
     /// Sum of the behaviour-correction weights over masked tokens (0 without correction).
-    pub behaviour_weight_sum: f64,
+    pub behaviour_weight: Tensor,
+}
+
+impl LossOutput {
+    /// [`Self::clipped`] on the host.
+    pub fn clipped_tokens(&self) -> Result<f64> {
+        scalar(&self.clipped)
+    }
+
+    /// [`Self::behaviour_weight`] on the host.
+    pub fn behaviour_weight_sum(&self) -> Result<f64> {
+        scalar(&self.behaviour_weight)
+    }
+}
+
+fn scalar(t: &Tensor) -> Result<f64> {
+    Ok(t.to_dtype(DType::F64)?.to_scalar::<f64>()?)
 }
 
 /// Σ t · mask over the positions `mask` keeps (selected first, so a NaN or ±inf at a masked
-/// position does not leak in), as f64.
-pub fn masked_sum(t: &Tensor, mask: &Tensor) -> Result<f64> {
+/// position does not leak in): an f64 scalar tensor on `t`'s device, detached.
+pub fn masked_total(t: &Tensor, mask: &Tensor) -> Result<Tensor> {
     let t = t.to_dtype(mask.dtype())?;
     Ok(select_masked(&t, mask)?
         .mul(mask)?
         .sum_all()?
-        .to_dtype(DType::F64)?
-        .to_scalar::<f64>()?)
+        .detach()
+        .to_dtype(DType::F64)?)
+}
+
+/// [`masked_total`] on the host.
+pub fn masked_sum(t: &Tensor, mask: &Tensor) -> Result<f64> {
+    scalar(&masked_total(t, mask)?)
 }
 
 /// The per-token loss of `loss` on `x`.
@@ -151,7 +174,7 @@ pub fn per_token_loss(loss: PolicyLoss, x: &LossInputs<'_>) -> Result<LossOutput
                 let over = l.gt(&cap)?.to_dtype(dtype)?.mul(&neg_adv)?;
                 l = (l.mul(&over.affine(-1.0, 1.0)?)? + cap.mul(&over)?)?;
             }
-            let n = masked_sum(&clipped, x.mask)?;
+            let n = masked_total(&clipped, x.mask)?;
             (l, n)
         }
         PolicyLoss::Cispo {
@@ -163,9 +186,9 @@ pub fn per_token_loss(loss: PolicyLoss, x: &LossInputs<'_>) -> Result<LossOutput
             let w = r.clamp(lo, hi)?;
             let capped = (r.gt(hi)?.to_dtype(dtype)? + r.lt(lo)?.to_dtype(dtype)?)?;
             let l = w.mul(&adv)?.mul(x.logp)?.neg()?;
-            (l, masked_sum(&capped, x.mask)?)
+            (l, masked_total(&capped, x.mask)?)
         }
-        PolicyLoss::Is { cap: None } => (ratio.mul(&adv)?.neg()?, 0.0),
+        PolicyLoss::Is { cap: None } => (ratio.mul(&adv)?.neg()?, zero(x.mask)?),
         PolicyLoss::Is { cap: Some(cap) } => {
             if cap <= 0.0 {
                 return Err(AlgoError::Invalid(format!(
@@ -178,11 +201,11 @@ pub fn per_token_loss(loss: PolicyLoss, x: &LossInputs<'_>) -> Result<LossOutput
             // finite wherever r underflows.
             let scale = lr.affine(-1.0, cap.ln())?.minimum(0.0)?.exp()?;
             let l = ratio.mul(&scale)?.mul(&adv)?.neg()?;
-            (l, masked_sum(&over, x.mask)?)
+            (l, masked_total(&over, x.mask)?)
         }
     };
     let (per_token, weight_sum) = match x.behaviour {
-        None => (per_token, 0.0),
+        None => (per_token, zero(x.mask)?),
         Some((behaviour, c)) => {
             if behaviour.dims() != [b, t] {
                 return Err(AlgoError::Invalid(format!(
@@ -199,13 +222,18 @@ pub fn per_token_loss(loss: PolicyLoss, x: &LossInputs<'_>) -> Result<LossOutput
             let w = (&old - behaviour.to_dtype(dtype)?.detach())?
                 .clamp(-LOG_RATIO_BOUND, c.ln())?
                 .exp()?;
-            let sum = masked_sum(&w, x.mask)?;
+            let sum = masked_total(&w, x.mask)?;
             (per_token.mul(&w)?, sum)
         }
     };
     Ok(LossOutput {
         per_token,
-        clipped_tokens: clipped,
-        behaviour_weight_sum: weight_sum,
+        clipped,
+        behaviour_weight: weight_sum,
     })
+}
+
+/// An f64 scalar 0 on `like`'s device.
+fn zero(like: &Tensor) -> Result<Tensor> {
+    Ok(Tensor::zeros((), DType::F64, like.device())?)
 }

@@ -127,7 +127,7 @@ fn run(
         l.to_scalar::<f64>().unwrap(),
         out.per_token.to_vec2::<f64>().unwrap(),
         grad,
-        out.clipped_tokens,
+        out.clipped_tokens().unwrap(),
     )
 }
 
@@ -230,7 +230,7 @@ fn is_and_dual_clip_hand_worked() {
     let v = out.per_token.to_vec2::<f64>().unwrap();
     close(v[0][0], -2.0 * 0.1f64.exp(), "is below cap");
     close(v[0][1], -3.0, "is at cap");
-    assert_eq!(out.clipped_tokens, 1.0);
+    assert_eq!(out.clipped_tokens().unwrap(), 1.0);
     let g = out.per_token.sum_all().unwrap().backward().unwrap();
     let g = g.get(logp.as_tensor()).unwrap().to_vec2::<f64>().unwrap();
     close(g[0][0], -2.0 * 0.1f64.exp(), "is grad");

@@ -43,7 +43,7 @@ fn grad(loss: PolicyLoss) -> (Vec<Vec<f64>>, f64) {
     let l = aggregate(&out.per_token, &mask, Aggregation::TokenMean, global).unwrap();
     let g = l.backward().unwrap();
     let g = g.get(logp.as_tensor()).unwrap().to_vec2::<f64>().unwrap();
-    (g, out.clipped_tokens)
+    (g, out.clipped_tokens().unwrap())
 }
 
 fn check(got: &[Vec<f64>], want: [[f64; 3]; 2], what: &str) {

@@ -10,16 +10,17 @@ use candle_core::{DType, Tensor, Var};
 
 use crate::error::Result;
 
-/// The global L2 norm of the gradients.
+/// The global L2 norm of the gradients: each tensor's sum of squares (in f64) on its device, all
+/// of them summed there, one read back (not one wait per parameter).
 pub fn global_norm(grads: &BTreeMap<String, Tensor>) -> Result<f64> {
-    let mut sq = 0f64;
-    for g in grads.values() {
-        sq += g
-            .to_dtype(DType::F64)?
-            .sqr()?
-            .sum_all()?
-            .to_scalar::<f64>()?;
+    let sums = grads
+        .values()
+        .map(|g| g.to_dtype(DType::F64)?.sqr()?.sum_all())
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    if sums.is_empty() {
+        return Ok(0.0);
     }
+    let sq = mtrl_model::host::scalar::<f64>(&Tensor::stack(&sums, 0)?.sum_all()?)?;
     Ok(sq.sqrt())
 }
 

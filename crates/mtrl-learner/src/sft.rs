@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use candle_core::{DType, Tensor};
-use mtrl_model::{logprobs_and_grads_at, Policy};
+use mtrl_model::{token_logprobs_host, Policy, DEFAULT_CHUNK_ELEMS};
 
 use crate::adamw::AdamW;
 use crate::batch::{micro_batches, Row};
@@ -96,15 +96,11 @@ pub fn sft_step(
     for range in micro_batches(&rows, cfg.micro_batch_tokens) {
         let mb = pad(&rows[range], &dev)?;
         // Log-probs at the trained positions only (the head's cost follows the assistant's ids).
-        let (loss, _, g) = logprobs_and_grads_at(
-            policy,
-            &mb.ids,
-            Some(&mb.attention),
-            Some(&mb.mask),
-            1.0,
-            |lp| lp.to_dtype(DType::F32)?.mul(&mb.mask)?.sum_all()? * (-1.0 / total),
-        )?;
-        m.loss += loss as f64;
+        let fwd = token_logprobs_host(policy, &mb.host(), 1.0, true, DEFAULT_CHUNK_ELEMS)?;
+        let (loss, g) = fwd.loss_and_grads(|lp| {
+            lp.to_dtype(DType::F32)?.mul(&mb.mask)?.sum_all()? * (-1.0 / total)
+        })?;
+        m.loss += mtrl_model::host::scalar::<f32>(&loss)? as f64;
         accumulate(&mut grads, policy.named_parameters(), &g, DType::F32)?;
     }
     m.grad_norm = clip_or_norm(&mut grads, cfg.grad_clip)?;

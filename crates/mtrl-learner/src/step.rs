@@ -31,7 +31,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use mtrl_algo::{Advantage, AdvantageOptions, Aggregation, PolicyLoss, Std};
 use mtrl_core::{AlgorithmConfig, Trajectory};
-use mtrl_model::Policy;
+use mtrl_model::{HostBatch, Policy};
 use serde::{Deserialize, Serialize};
 
 use crate::adamw::AdamW;
@@ -197,8 +197,12 @@ pub struct StepMetrics {
 
 /// A padded micro-batch (also used by [`crate::sft`]).
 pub(crate) struct Micro {
-    pub(crate) ids: Tensor,
-    pub(crate) attention: Tensor,
+    /// Ids, attention and loss mask on the host (`[b · t]`, `[b · t]`, `[b · (t − 1)]`): the
+    /// forward takes them from here ([`Micro::host`]), so nothing is read back to index rows.
+    pub(crate) ids: Vec<u32>,
+    pub(crate) attention: Vec<u32>,
+    pub(crate) need: Vec<f32>,
+    pub(crate) shape: (usize, usize),
     pub(crate) mask: Tensor,
     pub(crate) behaviour: Tensor,
     /// The proximal log-probs (zeros unless computed).
@@ -206,6 +210,19 @@ pub(crate) struct Micro {
     /// Per-position advantages.
     pub(crate) adv: Tensor,
     pub(crate) padded: usize,
+}
+
+impl Micro {
+    /// The batch as the forward takes it, log-probs needed at the loss mask's positions.
+    pub(crate) fn host(&self) -> HostBatch<'_> {
+        HostBatch {
+            ids: &self.ids,
+            attention: &self.attention,
+            need: Some(&self.need),
+            rows: self.shape.0,
+            len: self.shape.1,
+        }
+    }
 }
 
 pub(crate) fn pad(rows: &[Row], dev: &Device) -> Result<Micro> {
@@ -228,8 +245,10 @@ pub(crate) fn pad(rows: &[Row], dev: &Device) -> Result<Micro> {
     }
     let tensor = |v: Vec<f32>| Tensor::from_vec(v, (b, w), dev);
     Ok(Micro {
-        ids: Tensor::from_vec(ids, (b, t), dev)?,
-        attention: Tensor::from_vec(att, (b, t), dev)?,
+        ids,
+        attention: att,
+        need: mask.clone(),
+        shape: (b, t),
         mask: tensor(mask)?,
         behaviour: tensor(beh)?,
         prox: tensor(prox)?,

@@ -13,8 +13,8 @@ use std::ops::Range;
 use std::time::Instant;
 
 use candle_core::{DType, Tensor};
-use mtrl_algo::{aggregate, kl_k3, masked_sum, per_token_loss, GlobalCounts, LossInputs};
-use mtrl_model::{token_logprobs_at, Policy, DEFAULT_CHUNK_ELEMS};
+use mtrl_algo::{aggregate, kl_k3, masked_total, per_token_loss, GlobalCounts, LossInputs};
+use mtrl_model::{token_logprobs_host, Policy, DEFAULT_CHUNK_ELEMS};
 
 use crate::batch::{micro_batches, Row};
 use crate::clip::{accumulate, clip_or_norm};
@@ -119,18 +119,15 @@ pub(crate) fn proximal_logprobs(policy: &Policy, rows: &mut [Row], cfg: &StepCon
     let dev = policy.device().clone();
     for range in micro_batches(rows, cfg.micro_batch_tokens) {
         let mb = pad(&rows[range.clone()], &dev)?;
-        let lp = token_logprobs_at(
+        let lp = token_logprobs_host(
             policy,
-            &mb.ids,
-            Some(&mb.attention),
-            Some(&mb.mask),
+            &mb.host(),
             cfg.temperature,
             false,
             DEFAULT_CHUNK_ELEMS,
-        )?
-        .logprobs
-        .to_dtype(DType::F32)?
-        .to_vec2::<f32>()?;
+        )?;
+        // One read per micro-batch: the proximal log-probs live on the host rows.
+        let lp = mtrl_model::host::vec2::<f32>(&lp.logprobs.to_dtype(DType::F32)?)?;
         for (row, lp) in rows[range].iter_mut().zip(lp) {
             row.prox = lp[..row.mask.len()].to_vec();
         }
@@ -140,6 +137,10 @@ pub(crate) fn proximal_logprobs(policy: &Policy, rows: &mut [Row], cfg: &StepCon
 
 fn algo(e: mtrl_algo::AlgoError) -> candle_core::Error {
     candle_core::Error::Msg(e.to_string())
+}
+
+fn algo_msg(m: &str) -> candle_core::Error {
+    candle_core::Error::Msg(m.to_string())
 }
 
 impl Learner {
@@ -192,11 +193,9 @@ impl Learner {
             out.padded_tokens += mb.padded as u64;
             let reference = match &self.reference {
                 Some(r) if cfg.kl_coef > 0.0 => Some(
-                    token_logprobs_at(
+                    token_logprobs_host(
                         r,
-                        &mb.ids,
-                        Some(&mb.attention),
-                        Some(&mb.mask),
+                        &mb.host(),
                         cfg.temperature,
                         false,
                         DEFAULT_CHUNK_ELEMS,
@@ -212,14 +211,13 @@ impl Learner {
                     Some((&mb.behaviour, cfg.tis_cap.unwrap_or(f64::INFINITY))),
                 ),
             };
-            let mut diag = (0.0, 0.0, 0.0);
+            // The diagnostics stay on the device until the one read below.
+            let mut diag: Option<[Tensor; 3]> = None;
             // Every term below is masked by `mb.mask`: the head runs on those positions only.
             let t_fwd = Instant::now();
-            let fwd = token_logprobs_at(
+            let fwd = token_logprobs_host(
                 &self.policy,
-                &mb.ids,
-                Some(&mb.attention),
-                Some(&mb.mask),
+                &mb.host(),
                 cfg.temperature,
                 true,
                 DEFAULT_CHUNK_ELEMS,
@@ -241,13 +239,12 @@ impl Learner {
                         .per_token
                         .broadcast_mul(&sh.to_dtype(o.per_token.dtype())?)?;
                 }
-                diag.0 = o.clipped_tokens;
-                diag.1 = o.behaviour_weight_sum;
+                let mut kl_total = o.behaviour_weight.zeros_like()?;
                 let mut l =
                     aggregate(&o.per_token, &mb.mask, cfg.aggregation, global).map_err(algo)?;
                 if let Some(r) = &reference {
                     let kl = kl_k3(lp, r).map_err(algo)?;
-                    diag.2 = masked_sum(&kl, &mb.mask).map_err(algo)?;
+                    kl_total = masked_total(&kl, &mb.mask).map_err(algo)?;
                     let kl = match &shares {
                         Some(sh) => kl.broadcast_mul(&sh.to_dtype(kl.dtype())?)?,
                         None => kl,
@@ -255,14 +252,10 @@ impl Learner {
                     let k = aggregate(&kl, &mb.mask, cfg.aggregation, global).map_err(algo)?;
                     l = (l + (k * cfg.kl_coef)?)?;
                 }
+                diag = Some([o.clipped, o.behaviour_weight, kl_total]);
                 Ok(l)
             })?;
             out.backward_s += t_bwd.elapsed().as_secs_f64();
-            out.loss += loss as f64;
-            out.clipped += diag.0;
-            out.weight_sum += diag.1;
-            out.kl_sum += diag.2;
-            out.entropy_sum += masked_sum(&fwd.entropy, &mb.mask)?;
             let gap = fwd
                 .logprobs
                 .to_dtype(DType::F32)?
@@ -270,7 +263,23 @@ impl Learner {
                 .exp()?
                 .affine(1.0, -1.0)?
                 .abs()?;
-            out.gap_sum += masked_sum(&gap, &mb.mask)?;
+            let [clipped, weight, kl] = diag.ok_or_else(|| algo_msg("the loss never ran"))?;
+            let terms = [
+                loss.to_dtype(DType::F64)?,
+                clipped,
+                weight,
+                kl,
+                masked_total(&fwd.entropy, &mb.mask).map_err(algo)?,
+                masked_total(&gap, &mb.mask).map_err(algo)?,
+            ];
+            // The micro-batch's one device→host read: loss and diagnostics together.
+            let v = mtrl_model::host::vec1::<f64>(&Tensor::stack(&terms, 0)?)?;
+            out.loss += v[0];
+            out.clipped += v[1];
+            out.weight_sum += v[2];
+            out.kl_sum += v[3];
+            out.entropy_sum += v[4];
+            out.gap_sum += v[5];
             accumulate(&mut grads, self.policy.named_parameters(), &g, acc)?;
         }
         out.all_reduce(comm.as_ref())?;

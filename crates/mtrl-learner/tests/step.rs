@@ -220,3 +220,61 @@ fn bf16_policy_trains_through_f32_masters_and_checkpoints_them() {
         );
     }
 }
+
+/// The device→host reads of a training step (each one a wait for the GPU): one per micro-batch
+/// (its loss and diagnostics together) and one per update (the global gradient norm), counted by
+/// `mtrl_model::host` on the candle backend — what CUDA runs — in bf16 and f64, with a KL
+/// reference and with several micro-batches per update. The budget the issue set is ≤ 2 per
+/// micro-batch.
+#[test]
+fn a_step_reads_back_once_per_micro_batch_and_once_per_update() {
+    for dtype in [DType::BF16, DType::F64] {
+        let mut l = learner_in(dtype, 24, 0.1);
+        let before = mtrl_model::host::reads();
+        let m = l.step(&groups(4)).unwrap();
+        let reads = mtrl_model::host::reads() - before;
+        assert!(!m.skipped && m.loss.is_finite(), "{dtype:?}: {m:?}");
+        assert!(m.micro_batches >= 3, "{dtype:?}: {m:?}");
+        let updates = m.updates + m.skipped_updates;
+        assert_eq!(
+            reads,
+            m.micro_batches + updates,
+            "{dtype:?}: {reads} reads for {} micro-batches and {updates} updates",
+            m.micro_batches
+        );
+        assert!(reads <= 2 * m.micro_batches);
+    }
+}
+
+/// The count above holds only if the step's code reads through `mtrl_model::host`: none of the
+/// files on the step's path calls candle's readers (`to_vec*`, `to_scalar`) itself outside its
+/// tests.
+#[test]
+fn the_step_path_reads_only_through_the_counted_helper() {
+    let root = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
+    for file in [
+        "crates/mtrl-learner/src/update.rs",
+        "crates/mtrl-learner/src/step.rs",
+        "crates/mtrl-learner/src/clip.rs",
+        "crates/mtrl-learner/src/adamw.rs",
+        "crates/mtrl-learner/src/batch.rs",
+        "crates/mtrl-model/src/logprobs.rs",
+        "crates/mtrl-algo/src/aggregate.rs",
+        "crates/mtrl-algo/src/kl.rs",
+    ] {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap();
+        for (i, line) in code.lines().enumerate() {
+            let reads = [".to_vec1", ".to_vec2", ".to_vec3", ".to_scalar"]
+                .iter()
+                .any(|r| line.contains(r));
+            // `GlobalCounts::of_mask`, for callers holding only a mask (tests), not the step.
+            let allowed = file.ends_with("aggregate.rs") && line.contains("tokens: mask.");
+            assert!(
+                !reads || allowed,
+                "{file}:{}: a device read outside mtrl_model::host: {line}",
+                i + 1
+            );
+        }
+    }
+}

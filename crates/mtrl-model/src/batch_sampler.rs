@@ -152,7 +152,7 @@ pub fn sample_rows(
         .broadcast_sub(&m)?;
     let logprob = (&zt - s.log()?)?;
     let truncated = (&zt - kept_mass.log()?)?;
-    let rows = Tensor::cat(&[&token, &logprob, &truncated], 1)?.to_vec2::<f32>()?;
+    let rows = crate::host::vec2::<f32>(&Tensor::cat(&[&token, &logprob, &truncated], 1)?)?;
     Ok(rows
         .into_iter()
         .map(|r| Drawn {

@@ -102,6 +102,36 @@ pub fn check_finite(name: &str, t: &Tensor) -> Result<()> {
     ))
 }
 
+/// [`check_finite`] of many tensors with one read back from the device: the probes of all of
+/// them are summed there, and only when the sum is not finite is each tensor checked alone (to
+/// name the first bad one).
+pub fn check_all_finite<'a>(
+    tensors: impl IntoIterator<Item = (&'a str, &'a Tensor)>,
+) -> Result<()> {
+    let tensors: Vec<(&str, &Tensor)> = tensors
+        .into_iter()
+        .filter(|(_, t)| t.dtype().is_float())
+        .collect();
+    let probes = tensors
+        .iter()
+        .map(|(_, t)| {
+            let p = t.to_dtype(DType::F32)?;
+            p.sub(&p)?.sum_all()
+        })
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    if probes.is_empty() {
+        return Ok(());
+    }
+    let s = crate::host::scalar::<f32>(&Tensor::stack(&probes, 0)?.sum_all()?)?;
+    if s.is_finite() {
+        return Ok(());
+    }
+    for (name, t) in tensors {
+        check_finite(name, t)?;
+    }
+    Ok(())
+}
+
 /// Files copied verbatim from the source checkpoint when a policy is saved.
 pub const TOKENIZER_FILES: [&str; 5] = [
     "tokenizer.json",

@@ -309,7 +309,7 @@ fn cuda_device(s: &str, ordinal: usize) -> Result<Device> {
             }
         )));
     }
-    Device::new_cuda(ordinal)
+    crate::device::open_cuda(ordinal)
         .map_err(|e| ModelError::InvalidArgument(format!("device `{s}` could not be opened: {e}")))
 }
 

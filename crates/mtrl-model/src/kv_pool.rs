@@ -125,6 +125,12 @@ impl KvPool {
         Ok(pool)
     }
 
+    /// Bytes one position takes in the store of a model with `layers` layers of `kv` heads of
+    /// `d` values (keys and values).
+    pub fn bytes_per_token(layers: usize, kv: usize, d: usize, dtype: DType) -> usize {
+        layers * 2 * kv * d * dtype.size_in_bytes()
+    }
+
     /// Positions the store may hold at most.
     pub fn max_tokens(&self) -> usize {
         self.max_blocks * BLOCK
@@ -200,6 +206,7 @@ impl KvPool {
     /// Writes `k`, `v` (`[tokens · kv, d]`: token-major, then head) of layer `layer` at the rows
     /// in `index` (`[tokens · kv, d]` u32, see [`write_index`]).
     pub fn write(&self, layer: usize, index: &Tensor, k: &Tensor, v: &Tensor) -> Result<()> {
+        crate::host::nonempty(k, "key/value write");
         let (kp, vp) = &self.layers[layer];
         kp.scatter_set(index, &k.contiguous()?, 0)?;
         vp.scatter_set(index, &v.contiguous()?, 0)

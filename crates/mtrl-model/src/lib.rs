@@ -30,9 +30,11 @@ pub mod checkpoint;
 pub mod codec;
 pub mod config;
 mod cpu;
+pub mod device;
 pub mod engine;
 pub mod error;
 pub mod gguf;
+pub mod host;
 pub mod kv_cache;
 pub mod kv_pool;
 pub mod logprobs;
@@ -47,6 +49,7 @@ pub use batch_sampler::{sample_rows, Drawn};
 pub use chat_template::{ChatOptions, ChatTemplate};
 pub use codec::TemplateCodec;
 pub use config::{parse_device, parse_dtype, Config, Family, GenerationConfig};
+pub use device::engine_device;
 pub use engine::{
     Completion, Engine, EngineCounters, EngineOptions, FinishReason, GenerationRequest,
     LegacyEngine, SampledToken, SeqId, StepOutput, Stepper,
@@ -54,8 +57,8 @@ pub use engine::{
 pub use error::{ModelError, Result};
 pub use kv_cache::KvCache;
 pub use logprobs::{
-    logprobs_and_grads, logprobs_and_grads_at, token_logprobs, token_logprobs_at, TokenLogprobs,
-    DEFAULT_CHUNK_ELEMS,
+    logprobs_and_grads, logprobs_and_grads_at, token_logprobs, token_logprobs_at,
+    token_logprobs_host, HostBatch, TokenLogprobs, DEFAULT_CHUNK_ELEMS,
 };
 pub use lora::LoraSpec;
 pub use policy::{left_padding_positions, LoraServing, Policy, PolicySnapshot};

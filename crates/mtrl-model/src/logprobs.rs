@@ -18,6 +18,7 @@ use candle_core::{DType, Tensor, Var, D};
 use crate::cpu::logits::{chunk_grads, dlogits, logits, lse_pick_entropy};
 use crate::cpu::{self, uninit};
 use crate::error::{ModelError, Result};
+use crate::host;
 use crate::policy::Policy;
 
 /// Default budget of logits materialised at once (32 Mi f32 = 128 MiB).
@@ -54,6 +55,25 @@ fn chunk_log_softmax(h: &Tensor, w: &Tensor, temperature: f64) -> Result<Tensor>
     Ok(candle_nn::ops::log_softmax(&z, D::Minus1)?)
 }
 
+/// The gather index that spreads per-row values (`rows` order, then one 0 appended) over the
+/// `[b · (t − 1)]` positions: entry `p` is the row computed at position `p`, or `rows.len()`.
+fn spread_index(rows: &[u32], t: usize, b: usize, dev: &candle_core::Device) -> Result<Tensor> {
+    let mut src = vec![rows.len() as u32; b * (t - 1)];
+    for (i, &r) in rows.iter().enumerate() {
+        let (bi, ti) = (r as usize / t, r as usize % t);
+        src[bi * (t - 1) + ti] = i as u32;
+    }
+    Ok(Tensor::from_vec(src, b * (t - 1), dev)?)
+}
+
+/// The per-row values of `chunks` spread to `shape` by `src` ([`spread_index`]), on the device.
+fn spread(mut chunks: Vec<Tensor>, src: &Tensor, shape: (usize, usize)) -> Result<Tensor> {
+    chunks.push(Tensor::zeros(1, DType::F32, src.device())?);
+    Ok(Tensor::cat(&chunks, 0)?
+        .index_select(src, 0)?
+        .reshape(shape)?)
+}
+
 /// Runs the forward for `ids` `[b, t]` with `attention_mask` `[b, t]` (right padding, positions
 /// `0..t`). `differentiable` selects the training view (graph recorded) or the inference view.
 pub fn token_logprobs(
@@ -75,6 +95,19 @@ pub fn token_logprobs(
     )
 }
 
+/// A right-padded batch the host already holds (the learner built it): `ids` and `attention`
+/// (1 = token) `[rows · len]`, and optionally the positions `need` `[rows · (len − 1)]` (non-zero
+/// where a log-prob is needed, see [`token_logprobs_at`]). The forward of such a batch reads
+/// nothing back from the device to check, select or place rows.
+#[derive(Debug, Clone, Copy)]
+pub struct HostBatch<'a> {
+    pub ids: &'a [u32],
+    pub attention: &'a [u32],
+    pub need: Option<&'a [f32]>,
+    pub rows: usize,
+    pub len: usize,
+}
+
 /// [`token_logprobs`] at the positions where `need` `[b, t_len - 1]` is non-zero only (a loss
 /// mask): the vocabulary projection — for a 150k vocabulary as costly as the whole decoder on
 /// a sequence — runs on those rows alone. Elsewhere the log-prob and entropy are 0 and
@@ -84,6 +117,43 @@ pub fn token_logprobs_at(
     ids: &Tensor,
     attention_mask: Option<&Tensor>,
     need: Option<&Tensor>,
+    temperature: f64,
+    differentiable: bool,
+    chunk_elems: usize,
+) -> Result<TokenLogprobs> {
+    let (b, t) = ids.dims2()?;
+    if let Some(n) = need {
+        if t >= 2 && n.dims() != [b, t - 1] {
+            return Err(ModelError::InvalidArgument(format!(
+                "the positions needed have shape {:?}, expected [{b}, {}]",
+                n.dims(),
+                t - 1
+            )));
+        }
+    }
+    let id_rows = host::vec1::<u32>(&ids.to_dtype(DType::U32)?)?;
+    let attention = match attention_mask {
+        Some(m) => host::vec1::<u32>(&m.to_dtype(DType::U32)?)?,
+        None => vec![1; b * t],
+    };
+    let need = need
+        .map(|n| host::vec1::<f32>(&n.to_dtype(DType::F32)?))
+        .transpose()?;
+    let batch = HostBatch {
+        ids: &id_rows,
+        attention: &attention,
+        need: need.as_deref(),
+        rows: b,
+        len: t,
+    };
+    token_logprobs_host(policy, &batch, temperature, differentiable, chunk_elems)
+}
+
+/// [`token_logprobs_at`] of a batch the host holds: on a GPU the forward makes no device→host
+/// read (the log-probs and entropies stay on the device).
+pub fn token_logprobs_host(
+    policy: &Policy,
+    batch: &HostBatch<'_>,
     temperature: f64,
     differentiable: bool,
     chunk_elems: usize,
@@ -98,34 +168,44 @@ pub fn token_logprobs_at(
     } else {
         policy.inference()
     };
-    let (b, t) = ids.dims2()?;
+    let (b, t) = (batch.rows, batch.len);
     if t < 2 {
         return Err(ModelError::InvalidArgument(
             "need at least 2 tokens per row for next-token log-probs".into(),
         ));
     }
-    let need = match need {
-        Some(n) if n.dims() != [b, t - 1] => {
-            return Err(ModelError::InvalidArgument(format!(
-                "the positions needed have shape {:?}, expected [{b}, {}]",
-                n.dims(),
-                t - 1
-            )))
-        }
-        Some(n) => Some(n.to_dtype(DType::F32)?.to_vec2::<f32>()?),
-        None => None,
-    };
-    let (hidden, mask) = policy.hidden(model, ids, attention_mask, None)?;
-    let id_rows = ids.to_dtype(DType::U32)?.to_vec2::<u32>()?;
+    if batch.ids.len() != b * t || batch.attention.len() != b * t {
+        return Err(ModelError::InvalidArgument(format!(
+            "a batch of {b} rows of {t}: {} ids and {} attention entries",
+            batch.ids.len(),
+            batch.attention.len()
+        )));
+    }
+    if let Some(n) = batch.need.filter(|n| n.len() != b * (t - 1)) {
+        return Err(ModelError::InvalidArgument(format!(
+            "the positions needed have {} entries, expected [{b}, {}]",
+            n.len(),
+            t - 1
+        )));
+    }
+    let dev = policy.device().clone();
+    let mask: Vec<Vec<u8>> = batch
+        .attention
+        .chunks(t)
+        .map(|r| r.iter().map(|&x| u8::from(x != 0)).collect())
+        .collect();
+    let max_id = batch.ids.iter().copied().max().unwrap_or(0);
+    let ids = Tensor::from_slice(batch.ids, (b, t), &dev)?;
+    let hidden = policy.hidden_rows(model, &ids, max_id, &mask)?;
     let mut rows = Vec::new();
     let mut targets = Vec::new();
     let mut valid = vec![0f32; b * (t - 1)];
     for bi in 0..b {
         for ti in 0..t - 1 {
-            let needed = need.as_ref().is_none_or(|n| n[bi][ti] != 0.0);
+            let needed = batch.need.is_none_or(|n| n[bi * (t - 1) + ti] != 0.0);
             if needed && mask[bi][ti] == 1 && mask[bi][ti + 1] == 1 {
                 rows.push((bi * t + ti) as u32);
-                targets.push(id_rows[bi][ti + 1]);
+                targets.push(batch.ids[bi * t + ti + 1]);
                 valid[bi * (t - 1) + ti] = 1.0;
             }
         }
@@ -153,15 +233,17 @@ pub fn token_logprobs_at(
         chunk_elems
     };
     let chunk_rows = (chunk_cap / vocab.max(1)).max(1);
-    let mut values = vec![0f32; b * (t - 1)];
-    let mut entropy = vec![0f32; b * (t - 1)];
+    let mut values = vec![0f32; if fast { b * (t - 1) } else { 0 }];
+    let mut entropy = values.clone();
+    // The candle path (CUDA): each chunk's picked log-probs and entropies stay on the device.
+    let (mut picked_d, mut ent_d) = (Vec::new(), Vec::new());
     let inv_t = (1.0 / temperature) as f32;
     let mut chunks = Vec::new();
     let mut kept = 0usize;
     let mut start = 0;
     while start < rows.len() {
         let n = chunk_rows.min(rows.len() - start);
-        let (picked, ent) = if fast {
+        if fast {
             let z = logits(&hd.narrow(0, start, n)?, &wd)?;
             let (lse, picked, ent) = lse_pick_entropy(&z, &targets[start..start + n], inv_t)?;
             let keep = differentiable && kept + n * vocab <= chunk_elems;
@@ -169,26 +251,36 @@ pub fn token_logprobs_at(
                 kept += n * vocab;
             }
             chunks.push((lse, keep.then_some(z)));
-            (picked, ent)
+            for (i, (v, h)) in picked.into_iter().zip(ent).enumerate() {
+                let r = rows[start + i] as usize;
+                let (bi, ti) = (r / t, r % t);
+                values[bi * (t - 1) + ti] = v;
+                entropy[bi * (t - 1) + ti] = h;
+            }
         } else {
             let lsm = chunk_log_softmax(&hd.narrow(0, start, n)?, &wd, temperature)?;
             let tgt = Tensor::from_slice(&targets[start..start + n], (n, 1), &dev)?;
-            let picked = lsm.gather(&tgt, 1)?.squeeze(1)?.to_vec1::<f32>()?;
-            let ent = (lsm.exp()? * &lsm)?.sum(1)?.neg()?.to_vec1::<f32>()?;
-            (picked, ent)
-        };
-        for (i, (v, h)) in picked.into_iter().zip(ent).enumerate() {
-            let r = rows[start + i] as usize;
-            let (bi, ti) = (r / t, r % t);
-            values[bi * (t - 1) + ti] = v;
-            entropy[bi * (t - 1) + ti] = h;
+            picked_d.push(lsm.gather(&tgt, 1)?.squeeze(1)?);
+            ent_d.push((lsm.exp()? * &lsm)?.sum(1)?.neg()?);
         }
         start += n;
     }
+    let (logprobs, entropy) = if fast {
+        (
+            Tensor::from_vec(values, (b, t - 1), &dev)?,
+            Tensor::from_vec(entropy, (b, t - 1), &dev)?,
+        )
+    } else {
+        let src = spread_index(&rows, t, b, &dev)?;
+        (
+            spread(picked_d, &src, (b, t - 1))?,
+            spread(ent_d, &src, (b, t - 1))?,
+        )
+    };
     Ok(TokenLogprobs {
-        logprobs: Tensor::from_vec(values, (b, t - 1), &dev)?,
+        logprobs,
         valid_mask: Tensor::from_vec(valid, (b, t - 1), &dev)?,
-        entropy: Tensor::from_vec(entropy, (b, t - 1), &dev)?,
+        entropy,
         hidden,
         lm_head,
         rows,
@@ -204,18 +296,20 @@ impl TokenLogprobs {
     /// The value of `loss_fn` of these log-probs (a `[b, t_len - 1]` tensor that records
     /// gradients; a scalar loss) and the parameter gradients through it. Requires a forward with
     /// `differentiable = true`.
+    ///
+    /// The loss comes back as a detached f32 scalar on the device: reading it is the caller's
+    /// choice (the learner reads it with its other diagnostics, once per micro-batch).
     pub fn loss_and_grads(
         &self,
         loss_fn: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
-    ) -> Result<(f32, GradStore)> {
+    ) -> Result<(Tensor, GradStore)> {
         let lp = Var::from_tensor(&self.logprobs)?;
         let loss = loss_fn(lp.as_tensor())?;
-        let value = loss.to_dtype(DType::F32)?.to_scalar::<f32>()?;
         let g = match loss.backward()?.get(lp.as_tensor()) {
             Some(g) => g.clone(),
             None => lp.as_tensor().zeros_like()?,
         };
-        Ok((value, self.backward(&g)?))
+        Ok((loss.detach().to_dtype(DType::F32)?, self.backward(&g)?))
     }
 
     /// Gradients of every parameter given `grad` = dL/dlogp `[b, t_len - 1]` (invalid entries are
@@ -230,19 +324,19 @@ impl TokenLogprobs {
             )));
         }
         let dev = self.hidden.device().clone();
-        let g_all = grad
-            .to_dtype(DType::F32)?
-            .to_device(&dev)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
-        let g_rows: Vec<f32> = self
-            .rows
-            .iter()
-            .map(|&r| {
-                let (bi, ti) = (r as usize / t, r as usize % t);
-                g_all[bi * (t - 1) + ti]
-            })
-            .collect();
+        // dL/dlogp at the computed rows, in `rows` order, gathered on the device.
+        let g_rows = if self.rows.is_empty() {
+            None
+        } else {
+            let at: Vec<u32> = self
+                .rows
+                .iter()
+                .map(|&r| ((r as usize / t) * (t - 1) + r as usize % t) as u32)
+                .collect();
+            let at = Tensor::from_vec(at, self.rows.len(), &dev)?;
+            let g = grad.to_dtype(DType::F32)?.to_device(&dev)?.flatten_all()?;
+            Some(g.index_select(&at, 0)?)
+        };
         let wd = self.lm_head.detach();
         let hd = self.hidden.detach();
         let wdt = wd.dtype();
@@ -254,6 +348,11 @@ impl TokenLogprobs {
         // CPU fast path: the products write into these (dh rows in chunk order, dw accumulated).
         // A frozen head (LoRA) gets no gradient: only the hidden states' is computed.
         let head_grad = self.lm_head.track_op();
+        // The CPU kernels take the gradient as a host slice (a copy: this is the CPU).
+        let g_host = match (&g_rows, fast) {
+            (Some(g), true) => host::vec1::<f32>(g)?,
+            _ => Vec::new(),
+        };
         let (mut dh_buf, mut dw_buf) = if fast {
             let dw = if head_grad {
                 vec![0f32; vocab * hs]
@@ -278,18 +377,23 @@ impl TokenLogprobs {
                     None => logits(&hc, &wd)?,
                 };
                 let tg = &self.targets[start..start + n];
-                let dz = dlogits(&z, lse, tg, &g_rows[start..start + n], inv_t)?;
+                let dz = dlogits(&z, lse, tg, &g_host[start..start + n], inv_t)?;
                 let dh = &mut dh_buf[start * hs..(start + n) * hs];
                 chunk_grads(&dz, &wd, &hc, dh, &mut dw_buf, ci > 0)?;
             } else {
+                // dz = g · (onehot − p) / T: −g·p/T everywhere, then + g/T at each target
+                // (a scatter along the vocabulary, parallel over rows; no one-hot is built).
                 let p = chunk_log_softmax(&hc, &wd, self.temperature)?.exp()?;
-                let tgt = Tensor::from_slice(&self.targets[start..start + n], n, &dev)?;
-                let onehot = candle_nn::encoding::one_hot(tgt, vocab, 1f32, 0f32)?;
-                let g = Tensor::from_slice(&g_rows[start..start + n], (n, 1), &dev)?;
-                let dz = ((onehot - p)?.broadcast_mul(&g)? / self.temperature)?;
-                dh_chunks.push(dz.to_dtype(wdt)?.matmul(&wd)?);
+                let tgt = Tensor::from_slice(&self.targets[start..start + n], (n, 1), &dev)?;
+                let Some(g) = &g_rows else { break };
+                let g = (g.narrow(0, start, n)?.unsqueeze(1)? / self.temperature)?;
+                let dz = p.broadcast_mul(&g.neg()?)?.scatter_add(&tgt, &g, 1)?;
+                let dz_w = dz.to_dtype(wdt)?;
+                dh_chunks.push(dz_w.matmul(&wd)?);
                 if head_grad {
-                    let dwc = dz.t()?.matmul(&hc.to_dtype(DType::F32)?)?;
+                    // In the weights' dtype (bf16 on a GPU: tensor cores, f32 accumulation, as
+                    // PyTorch's autocast does), summed over chunks in f32.
+                    let dwc = dz_w.t()?.matmul(&hc)?.to_dtype(DType::F32)?;
                     dw = Some(match dw {
                         None => dwc,
                         Some(acc) => (acc + dwc)?,
@@ -378,6 +482,6 @@ pub fn logprobs_and_grads_at(
         true,
         DEFAULT_CHUNK_ELEMS,
     )?;
-    let (value, grads) = fwd.loss_and_grads(loss_fn)?;
-    Ok((value, fwd, grads))
+    let (loss, grads) = fwd.loss_and_grads(loss_fn)?;
+    Ok((host::scalar::<f32>(&loss)?, fwd, grads))
 }

@@ -25,6 +25,7 @@ use crate::error::{ModelError, Result};
 use crate::transformer::{Transformer, Weights};
 
 mod adapter;
+mod inputs;
 pub use adapter::LoraServing;
 
 /// A loaded policy model.
@@ -257,55 +258,6 @@ impl Policy {
         Ok(self.infer.logits(&hidden)?)
     }
 
-    /// Hidden states of `model` for a padded batch, plus the mask as rows of 0/1.
-    pub(crate) fn hidden(
-        &self,
-        model: &Transformer,
-        ids: &Tensor,
-        attention_mask: Option<&Tensor>,
-        position_ids: Option<&Tensor>,
-    ) -> Result<(Tensor, Vec<Vec<u8>>)> {
-        let (b, t) = ids.dims2()?;
-        if t > model.max_positions() {
-            return Err(ModelError::ContextOverflow {
-                len: t,
-                max: model.max_positions(),
-            });
-        }
-        let ids = ids.to_dtype(DType::U32)?.to_device(&self.device)?;
-        let max_id = ids.max_all()?.to_scalar::<u32>()? as usize;
-        if max_id >= self.config.vocab_size {
-            return Err(ModelError::InvalidArgument(format!(
-                "token id {max_id} is outside the vocabulary of {} ids",
-                self.config.vocab_size
-            )));
-        }
-        let mask: Vec<Vec<u8>> = match attention_mask {
-            Some(m) => m
-                .to_dtype(DType::U32)?
-                .to_vec2::<u32>()?
-                .into_iter()
-                .map(|r| r.into_iter().map(|x| u8::from(x != 0)).collect())
-                .collect(),
-            None => vec![vec![1u8; t]; b],
-        };
-        let positions = match position_ids {
-            Some(p) => p.to_dtype(DType::U32)?.to_device(&self.device)?,
-            None => Tensor::arange(0u32, t as u32, &self.device)?
-                .unsqueeze(0)?
-                .repeat((b, 1))?,
-        };
-        let pmax = positions.max_all()?.to_scalar::<u32>()? as usize;
-        if pmax >= model.max_positions() {
-            return Err(ModelError::ContextOverflow {
-                len: pmax + 1,
-                max: model.max_positions(),
-            });
-        }
-        let hidden = model.forward_hidden(&ids, &positions, Some(&mask))?;
-        Ok((hidden, mask))
-    }
-
     /// Overwrites trainable parameters in place from named tensors (any dtype/device; HF names, or
     /// PEFT names with LoRA). Every name must be a parameter, every shape must match and every
     /// value must be finite; nothing is written unless all tensors pass. A merged-served adapter
@@ -331,10 +283,11 @@ impl Policy {
                 .to_dtype(self.dtype)?
                 .to_device(&self.device)?
                 .contiguous()?;
-            checkpoint::check_finite(name, &t)?;
-            staged.push((var, t));
+            staged.push((name, var, t));
         }
-        for (var, t) in staged {
+        // One read for the whole update, not one wait per tensor.
+        checkpoint::check_all_finite(staged.iter().map(|(n, _, t)| (n.as_str(), t)))?;
+        for (_, var, t) in staged {
             var.set(&t)?;
         }
         if self.lora.as_ref().is_some_and(|l| l.merged) {

@@ -9,8 +9,14 @@ use mtrl_model::{
     left_padding_positions, logprobs_and_grads, token_logprobs, Engine, KvCache, Policy,
 };
 
+/// The checkpoint in the dtype the test runs: f32 takes the CPU f32 kernels, f64 candle's ops
+/// (the backend CUDA runs; the fixtures' f32 values are exact in f64).
 fn load(kind: &str, dev: &Device) -> Policy {
-    Policy::load(&model_dir(kind), DType::F32, dev).unwrap()
+    Policy::load(&model_dir(kind), DTYPE.with(|d| d.get()), dev).unwrap()
+}
+
+thread_local! {
+    static DTYPE: std::cell::Cell<DType> = const { std::cell::Cell::new(DType::F32) };
 }
 
 fn on(dev: &Device, t: &Tensor) -> Tensor {
@@ -196,8 +202,16 @@ fn grpo_step(kind: &str, dev: &Device) {
     let mut sq = 0f64;
     for var in p.named_parameters().values() {
         if let Some(gr) = grads.get(var.as_tensor()) {
-            let v: f32 = gr.sqr().unwrap().sum_all().unwrap().to_scalar().unwrap();
-            sq += v as f64;
+            let v: f64 = gr
+                .to_dtype(DType::F64)
+                .unwrap()
+                .sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar()
+                .unwrap();
+            sq += v;
         }
     }
     let norm = sq.sqrt();
@@ -231,7 +245,15 @@ fn grpo_step(kind: &str, dev: &Device) {
         let (Some(a), Some(b)) = (a, b) else {
             panic!("{kind} {name}: gradient missing in one of the chunkings")
         };
-        let scale: f32 = a.abs().unwrap().max_all().unwrap().to_scalar().unwrap();
+        let scale: f32 = a
+            .to_dtype(DType::F32)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar()
+            .unwrap();
         let d = max_abs_diff(a, b, None);
         assert!(d <= 1e-5 * scale + 1e-8, "{kind} {name} chunked diff {d}");
     }
@@ -276,5 +298,16 @@ fn qwen3_grpo_step() {
 fn qwen2_grpo_step() {
     for dev in devices() {
         grpo_step("qwen2", &dev);
+    }
+}
+
+/// The training forward and backward through candle's ops (one-hot-free gradient of the head,
+/// log-probs kept on the device) against the same goldens, in f64 on the CPU.
+#[test]
+fn candle_f64_grpo_step_and_logprobs() {
+    DTYPE.with(|d| d.set(DType::F64));
+    for kind in ["qwen3", "qwen2"] {
+        logits_and_logprobs(kind, &Device::Cpu);
+        grpo_step(kind, &Device::Cpu);
     }
 }

@@ -3,6 +3,7 @@
 //! sampled after them, groups are reassembled in admission order, and an environment error
 //! stops rollouts with a message naming the task.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -42,6 +43,46 @@ fn tasks() -> Vec<Task> {
         .collect()
 }
 
+thread_local! {
+    /// The dtype the policy of this test thread's rollouts loads in: f32 runs the CPU f32
+    /// kernels; bf16 and f64 run candle's ops, the backend CUDA runs (see `per_kernels`).
+    static DTYPE: Cell<DType> = const { Cell::new(DType::F32) };
+}
+
+/// The scenarios that hand work between the engine's thread and the learner's (the gate,
+/// weight publication, pinned versions) once per kernel set.
+macro_rules! per_kernels {
+    ($($f:ident),* $(,)?) => {
+        $(
+            mod $f {
+                use candle_core::DType;
+                fn run(dt: DType) {
+                    super::DTYPE.with(|d| d.set(dt));
+                    super::$f();
+                }
+                #[test]
+                fn cpu_f32() {
+                    run(DType::F32)
+                }
+                #[test]
+                fn candle_f64() {
+                    run(DType::F64)
+                }
+                #[test]
+                fn candle_bf16() {
+                    run(DType::BF16)
+                }
+            }
+        )*
+    };
+}
+
+per_kernels!(
+    synchronous_gate_and_weight_pickup,
+    pinned_groups_see_only_their_version,
+    staleness_bound_admits_eta_plus_one_batches,
+);
+
 fn start(staleness: u64, envs: Option<EnvFactory>) -> (tokio::runtime::Runtime, Rollout, InOrder) {
     start_with(staleness, envs, "", None)
 }
@@ -73,7 +114,7 @@ fn start_tweaked(
     weight_sync: WeightSync,
     tweak: &dyn Fn(&mut RolloutSettings),
 ) -> (tokio::runtime::Runtime, Rollout, InOrder) {
-    let policy = Policy::load(&fixture(), DType::F32, &Device::Cpu).unwrap();
+    let policy = Policy::load(&fixture(), DTYPE.with(Cell::get), &Device::Cpu).unwrap();
     let tok = Arc::new(Tokenizer::from_dir(&fixture()).unwrap());
     let codec: Arc<dyn ChatCodec> = Arc::new(TemplateCodec::qwen(tok).unwrap());
     let cands = Arc::new(mtrl_rollout::pick::candidates(&tasks()).unwrap());
@@ -138,7 +179,6 @@ fn versions(batch: &[Vec<mtrl_core::Trajectory>]) -> Vec<u64> {
         .collect()
 }
 
-#[test]
 fn synchronous_gate_and_weight_pickup() {
     let (rt, r, mut batches) = start(0, None);
     let b0 = batches
@@ -175,7 +215,7 @@ fn synchronous_gate_and_weight_pickup() {
 }
 
 fn fixture_weights() -> HashMap<String, candle_core::Tensor> {
-    Policy::load(&fixture(), DType::F32, &Device::Cpu)
+    Policy::load(&fixture(), DTYPE.with(Cell::get), &Device::Cpu)
         .unwrap()
         .named_parameters()
         .iter()
@@ -183,7 +223,6 @@ fn fixture_weights() -> HashMap<String, candle_core::Tensor> {
         .collect()
 }
 
-#[test]
 fn pinned_groups_see_only_their_version() {
     // B = 2, η = 1: group i runs on version max(0, ⌊i/2⌋ − 1) whatever the learner publishes
     // meanwhile. The learner here jumps from version 0 to 2 at once; an unpinned engine would
@@ -210,7 +249,6 @@ fn pinned_groups_see_only_their_version() {
     rt.block_on(r.shutdown()).unwrap();
 }
 
-#[test]
 fn staleness_bound_admits_eta_plus_one_batches() {
     let (rt, r, mut batches) = start(1, None);
     let b = batches

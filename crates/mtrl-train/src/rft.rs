@@ -54,10 +54,11 @@ pub struct Selection {
 
 impl Selection {
     /// `None` when `train.val_every` is 0.
-    pub fn new(cfg: &Config, codec: Arc<dyn ChatCodec>, window: usize) -> Result<Option<Self>> {
+    pub fn new(cfg: &Config, codec: Arc<dyn ChatCodec>, policy: &Policy) -> Result<Option<Self>> {
         if cfg.train.val_every == 0 {
             return Ok(None);
         }
+        let window = policy.config().max_position_embeddings;
         let data = setup::load_data(cfg)?;
         let envs = setup::driver(cfg, &data, codec.clone(), true, window, None)?;
         let stop = codec.stop_token_ids();
@@ -65,7 +66,7 @@ impl Selection {
             cfg,
             &data.sets.validation,
             envs,
-            setup::engine_options(cfg),
+            setup::engine_options(cfg, policy)?,
             stop,
         )?;
         let Some(validator) = validator else {
@@ -161,8 +162,7 @@ pub fn run(
     let device = mtrl_model::parse_device("cpu")?;
     let policy = Policy::load(base, DType::F32, &device)
         .with_context(|| format!("loading the base policy from {}", base.display()))?;
-    let window = policy.config().max_position_embeddings;
-    let mut selection = Selection::new(cfg, codec.clone(), window)?;
+    let mut selection = Selection::new(cfg, codec.clone(), &policy)?;
     let mut examples = sft::examples(codec.as_ref(), tools, &kept, false)?;
     // Exactly `steps` batches: the first few kept episodes repeat to fill the last one.
     let batch = examples.len().div_ceil(steps.max(1));

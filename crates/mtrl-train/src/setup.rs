@@ -145,10 +145,16 @@ pub fn copy_policy(p: &Policy) -> Result<Policy> {
     Ok(p.fork()?)
 }
 
-/// The copy of `p` a generation engine serves: [`copy_policy`], with the adapter applied as
-/// `[lora] serving` says.
+/// The copy of `p` a generation engine serves, with the adapter applied as `[lora] serving` says.
+/// Full fine-tuning: on a device of its own ([`mtrl_model::engine_device`]: on a GPU its own
+/// stream and cuBLAS handle). LoRA: on `p`'s device, sharing the frozen base (one stream for
+/// both threads; see `mtrl_model::device` for the ordering rules).
 pub fn engine_policy(cfg: &Config, p: &Policy) -> Result<Policy> {
-    let mut e = p.fork()?;
+    let mut e = if cfg.lora.is_some() {
+        p.fork()?
+    } else {
+        p.fork_to(&mtrl_model::engine_device(p.device())?)?
+    };
     if let Some(l) = &cfg.lora {
         e.set_lora_serving(lora_serving(&l.serving, p.device(), p.dtype()))?;
     }
@@ -180,18 +186,44 @@ pub fn lora_spec(l: &mtrl_core::config::LoraConfig) -> LoraSpec {
     }
 }
 
-/// The rollout engine's batching and memory, from `[rollout]`: by default every episode in flight
-/// may keep its whole context resident between turns (`rollout_max_concurrency` ×
-/// `env.max_context_tokens` positions, plus a batch of joiners' prompts).
-pub fn engine_options(cfg: &Config) -> EngineOptions {
+/// The rollout engine's batching and memory for `policy`, from `[rollout]`: by default every
+/// episode in flight may keep its whole context resident between turns
+/// (`rollout_max_concurrency` × `env.max_context_tokens` positions, plus a batch of joiners'
+/// prompts); `kv_cache_tokens` bounds the store in positions, `kv_cache_fraction` in a share of
+/// the device's memory (converted with the policy's bytes per position).
+pub fn engine_options(cfg: &Config, policy: &Policy) -> Result<EngineOptions> {
     let r = &cfg.rollout;
     let default =
         (r.rollout_max_concurrency + r.max_batch) * cfg.env_or_default().max_context_tokens;
-    EngineOptions {
+    let tokens = match (r.kv_cache_tokens, r.kv_cache_fraction) {
+        (Some(n), _) => n,
+        (None, Some(f)) => kv_tokens_of_fraction(policy, f)?,
+        (None, None) => default,
+    };
+    Ok(EngineOptions {
         max_batch: r.max_batch,
-        kv_cache_tokens: Some(r.kv_cache_tokens.unwrap_or(default)),
+        kv_cache_tokens: Some(tokens),
         prefill_chunk_tokens: r.prefill_chunk_tokens,
-    }
+    })
+}
+
+/// The positions `fraction` of `policy`'s device memory holds in its key/value store.
+pub fn kv_tokens_of_fraction(policy: &Policy, fraction: f64) -> Result<usize> {
+    let c = policy.config();
+    let per = mtrl_model::kv_pool::KvPool::bytes_per_token(
+        c.num_hidden_layers,
+        c.num_key_value_heads,
+        c.head_dim,
+        policy.dtype(),
+    );
+    let total = mtrl_model::device::memory_bytes(policy.device())?;
+    let tokens = ((total as f64 * fraction) / per.max(1) as f64) as usize;
+    mtrl_core::trace!(
+        "rollout.kv_cache_fraction {fraction}: {tokens} positions of {per} bytes ({} MB of {} MB)",
+        (tokens * per) >> 20,
+        total >> 20
+    );
+    Ok(tokens.max(2))
 }
 
 pub struct Data {

@@ -11,6 +11,9 @@
 //! kv_cache_tokens = 65536        # positions the engine keeps resident, all episodes together
 //!                                # (default: (rollout_max_concurrency + max_batch) ×
 //!                                # env.max_context_tokens)
+//! kv_cache_fraction = 0.3        # or: the store may take this fraction of the device's memory
+//!                                # (the GPU's; the host's on the CPU), in positions of the model
+//!                                # (not with kv_cache_tokens)
 //! prefill_chunk_tokens = 512     # prompt tokens prefilled per engine step, across sequences
 //! environment = "search"         # or "pick": one-token toy task for CI (see mtrl-rollout), or
 //!                                # "agent": the user's agent over HTTP (mtrl-serve)
@@ -50,6 +53,7 @@ pub struct RolloutSpec {
     pub top_k: Option<usize>,
     pub max_batch: Option<usize>,
     pub kv_cache_tokens: Option<usize>,
+    pub kv_cache_fraction: Option<f64>,
     pub prefill_chunk_tokens: Option<usize>,
     pub environment: Option<String>,
     pub timeout_s: Option<f64>,
@@ -115,6 +119,8 @@ pub struct RolloutConfig {
     pub max_batch: usize,
     /// `None`: every episode in flight can keep its whole context resident.
     pub kv_cache_tokens: Option<usize>,
+    /// The store's bound as a fraction of the device's memory (exclusive with `kv_cache_tokens`).
+    pub kv_cache_fraction: Option<f64>,
     pub prefill_chunk_tokens: usize,
     pub environment: EnvironmentKind,
     /// Wall-clock limit of one episode attempt; `None` = no limit.
@@ -150,6 +156,7 @@ impl Default for RolloutConfig {
             top_k: 0,
             max_batch: 32,
             kv_cache_tokens: None,
+            kv_cache_fraction: None,
             prefill_chunk_tokens: 512,
             environment: EnvironmentKind::Search,
             timeout_s: Some(600.0),
@@ -225,7 +232,23 @@ impl RolloutSpec {
                 format!("{max_failed_fraction} is outside [0, 1]"),
             ));
         }
+        let kv_cache_fraction = match self.kv_cache_fraction {
+            Some(_) if self.kv_cache_tokens.is_some() => {
+                return Err(ctx.invalid(
+                    "rollout.kv_cache_fraction",
+                    "set it or rollout.kv_cache_tokens, not both",
+                ))
+            }
+            Some(f) if !(f > 0.0 && f <= 0.95) => {
+                return Err(ctx.invalid(
+                    "rollout.kv_cache_fraction",
+                    format!("{f} is outside (0, 0.95]"),
+                ))
+            }
+            f => f,
+        };
         Ok(RolloutConfig {
+            kv_cache_fraction,
             timeout_s,
             max_retries: ctx.range(
                 "rollout.max_retries",
@@ -381,6 +404,23 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(msg.contains("rollout.agent_allow_remote"), "{msg}");
+    }
+
+    #[test]
+    fn kv_cache_fraction_is_checked_and_excludes_kv_cache_tokens() {
+        assert_eq!(load("").unwrap().rollout.kv_cache_fraction, None);
+        let c = load("[rollout]\nkv_cache_fraction = 0.3\n").unwrap();
+        assert_eq!(c.rollout.kv_cache_fraction, Some(0.3));
+        for bad in ["0.0", "0.99", "-0.1"] {
+            let msg = load(&format!("[rollout]\nkv_cache_fraction = {bad}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(msg.contains("rollout.kv_cache_fraction"), "{msg}");
+        }
+        let msg = load("[rollout]\nkv_cache_fraction = 0.3\nkv_cache_tokens = 4096\n")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("kv_cache_tokens"), "{msg}");
     }
 
     #[test]

@@ -65,9 +65,9 @@ impl Engine {
             }
             s.kv.set_len(p.start + p.len);
         }
-        if owners.is_empty() {
+        let Some(hidden) = hidden else {
             return Ok(out);
-        }
+        };
         let t0 = Instant::now();
         let logits = self
             .policy

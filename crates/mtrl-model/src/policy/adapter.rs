@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use candle_core::{DType, Tensor, Var};
+use candle_core::{DType, Device, Tensor, Var};
 
 use super::{parameter_shapes, Policy};
 use crate::checkpoint;
@@ -225,6 +225,39 @@ impl Policy {
         }
         p.build_views()?;
         self.device.synchronize()?;
+        Ok(p)
+    }
+
+    /// [`Self::fork`] onto `device`: every tensor copied there, frozen base weights included (a
+    /// device-side copy between two CUDA devices, enqueued on `device`'s stream and ordered after
+    /// the writes to the source by the buffers' events; see [`crate::device`]). On the policy's
+    /// own device it is [`Self::fork`].
+    pub fn fork_to(&self, device: &Device) -> Result<Policy> {
+        if device.same_device(&self.device) {
+            return self.fork();
+        }
+        let mut p = self.clone();
+        p.device = device.clone();
+        p.vars = self
+            .vars
+            .iter()
+            .map(|(n, v)| {
+                let t = v.as_tensor().detach().to_device(device)?;
+                Ok((n.clone(), Var::from_tensor(&t)?))
+            })
+            .collect::<Result<_>>()?;
+        p.frozen = self
+            .frozen
+            .iter()
+            .map(|(n, t)| Ok((n.clone(), t.to_device(device)?)))
+            .collect::<Result<_>>()?;
+        if let Some(l) = &self.lora {
+            let mut fresh = LoraState::new(l.spec.clone(), l.base_name.clone());
+            fresh.merged = l.merged;
+            p.lora = Some(fresh);
+        }
+        p.build_views()?;
+        device.synchronize()?;
         Ok(p)
     }
 

@@ -19,6 +19,7 @@ use candle_core::{DType, Device, Result, Tensor, D};
 
 use super::paged::{self, DecodeTable};
 use super::{decode_per_sequence, lora, Angles, Attention, Linear, Mlp};
+use crate::host;
 use crate::kv_cache::KvCache;
 
 /// The operations of the decoder. Shapes: `x` `[.., hidden]`; `q` `[b, heads, t, d]`; `k`, `v`
@@ -118,6 +119,7 @@ pub(crate) struct Candle {
 
 impl Backend for Candle {
     fn linear(&self, x: &Tensor, l: &Linear) -> Result<Tensor> {
+        host::nonempty(x, "linear");
         let y = lora::candle_product(x, &l.w)?;
         let y = match &l.lora {
             Some(p) => (y + p.delta(x, &lora::candle_product)?)?,
@@ -127,7 +129,9 @@ impl Backend for Candle {
     }
 
     fn rms_norm(&self, x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
-        if !self.differentiable {
+        host::nonempty(x, "rms_norm");
+        // candle's fused kernel has no f64 version: f64 models take the spelled-out norm.
+        if !self.differentiable && x.dtype() != DType::F64 {
             return candle_nn::ops::rms_norm(&x.contiguous()?, w, eps as f32);
         }
         let dtype = x.dtype();
@@ -138,6 +142,7 @@ impl Backend for Candle {
     }
 
     fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        host::nonempty(x, "rope");
         if !self.differentiable {
             return candle_nn::rotary_emb::rope(&x.contiguous()?, cos, sin);
         }
@@ -157,6 +162,8 @@ impl Backend for Candle {
         v: &Tensor,
         mask: Option<&Tensor>,
     ) -> Result<Tensor> {
+        host::nonempty(q, "attention queries");
+        host::nonempty(k, "attention keys");
         let (b, heads, t, d) = q.dims4()?;
         let (kv, s) = (k.dim(1)?, k.dim(2)?);
         let rep = heads / kv;
@@ -176,6 +183,7 @@ impl Backend for Candle {
     }
 
     fn swiglu(&self, g: &Tensor, u: &Tensor) -> Result<Tensor> {
+        host::nonempty(g, "swiglu");
         g.silu()? * u
     }
 
@@ -212,6 +220,7 @@ impl Backend for Candle {
         kv: usize,
         table: &DecodeTable,
     ) -> Result<Tensor> {
+        host::nonempty(q, "paged decode attention");
         paged::decode_gathered(self, q, k_pool, v_pool, kv, table)
     }
 }

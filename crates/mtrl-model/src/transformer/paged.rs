@@ -17,6 +17,7 @@ use std::sync::OnceLock;
 use candle_core::{Device, Result, Tensor};
 
 use super::{mask_value, Transformer};
+use crate::host;
 use crate::kv_pool::{gather_index, write_index, KvPool};
 
 /// One sequence's rows in a step.
@@ -102,6 +103,7 @@ impl DecodeTable {
 
 /// Keys or values at a [`gather_index`] (`[m · kv · s]`) from a pool buffer, as `[m, kv, s, d]`.
 pub(crate) fn gather_heads(pool: &Tensor, idx: &Tensor, m: usize, kv: usize) -> Result<Tensor> {
+    host::nonempty(idx, "key/value gather");
     let d = pool.dim(1)?;
     let s = idx.dim(0)? / (m * kv).max(1);
     pool.index_select(idx, 0)?.reshape((m, kv, s, d))
@@ -154,13 +156,14 @@ impl PrefillTable {
 impl Transformer {
     /// Runs the rows of `batch` through the model, writing their keys and values into `pool` at
     /// the slots of their positions. Returns the final-normed hidden states of
-    /// `batch.outputs` (ascending rows), `[outputs, hidden]`.
+    /// `batch.outputs` (ascending rows), `[outputs, hidden]`, or `None` when the step has no
+    /// output row (a prompt chunk that is not its prompt's last): then no op runs on zero rows.
     ///
     /// One pass for all rows where the backend runs ragged batches in one pass (candle: the
     /// fewest kernels); otherwise (the CPU kernels) the decode rows in one pass and each prefill
     /// segment in its own, so a row's arithmetic never depends on what shares its step — the
     /// product kernels pick their blocking by row count — and runs are reproducible.
-    pub fn forward_paged(&self, batch: &PagedBatch, pool: &KvPool) -> Result<Tensor> {
+    pub fn forward_paged(&self, batch: &PagedBatch, pool: &KvPool) -> Result<Option<Tensor>> {
         let b = Rows {
             ids: &batch.ids,
             decode: &batch.decode,
@@ -194,20 +197,17 @@ impl Transformer {
                 prefill,
                 outputs: &outputs,
             };
-            let h = self.forward_rows(sub, pool)?;
-            if !outputs.is_empty() {
-                hidden.push(h);
-            }
+            hidden.extend(self.forward_rows(sub, pool)?);
         }
-        if hidden.is_empty() {
-            let h = self.embed.dim(1)?;
-            return Tensor::zeros((0, h), self.embed.dtype(), self.embed.device());
-        }
-        Tensor::cat(&hidden, 0)
+        Ok(match hidden.len() {
+            0 => None,
+            1 => hidden.pop(),
+            _ => Some(Tensor::cat(&hidden, 0)?),
+        })
     }
 
     /// [`Self::forward_paged`] in one pass.
-    fn forward_rows(&self, batch: Rows<'_>, pool: &KvPool) -> Result<Tensor> {
+    fn forward_rows(&self, batch: Rows<'_>, pool: &KvPool) -> Result<Option<Tensor>> {
         let dev = self.embed.device();
         let t = batch.ids.len();
         let n_dec = batch.decode.len();
@@ -225,6 +225,9 @@ impl Transformer {
                 t,
                 positions.len()
             )
+        }
+        if t == 0 {
+            candle_core::bail!("paged batch: no rows")
         }
         let ids = Tensor::from_slice(batch.ids, (1, t), dev)?;
         let mut x = self.embed_ids(&ids)?;
@@ -279,9 +282,13 @@ impl Transformer {
             x = (x + self.be.linear(&a, &l.attn.o)?)?;
             x = self.mlp_block(l, x)?;
         }
+        if batch.outputs.is_empty() {
+            return Ok(None);
+        }
         let out = Tensor::from_slice(batch.outputs, batch.outputs.len(), dev)?;
         let x = x.squeeze(0)?.index_select(&out, 0)?;
-        self.be.rms_norm(&x, &self.norm, self.eps)
+        host::nonempty(&x, "final norm");
+        Ok(Some(self.be.rms_norm(&x, &self.norm, self.eps)?))
     }
 }
 

@@ -85,3 +85,38 @@ pub fn greedy_request(prompt: Vec<u32>, n: usize) -> GenerationRequest {
         session: None,
     }
 }
+
+/// Tolerance of an engine log-prob against the learner's in `dtype` (the engine's paged forward
+/// and the learner's padded one round differently).
+pub fn logprob_tol(dtype: DType) -> f32 {
+    match dtype {
+        DType::F64 => 1e-5,
+        DType::BF16 | DType::F16 => 0.25,
+        _ => 1e-4,
+    }
+}
+
+/// One `#[test]` per kernel set for each scenario `fn name(dtype: DType)`: `cpu_f32` runs the
+/// CPU f32 kernels (`cpu::CpuF32`); `candle_f64` and `candle_bf16` run candle's ops, the backend
+/// CUDA runs (one ragged pass per engine step, the device sampler), here on the CPU.
+#[macro_export]
+macro_rules! per_kernels {
+    ($($f:ident),* $(,)?) => {
+        $(
+            mod $f {
+                #[test]
+                fn cpu_f32() {
+                    super::$f(candle_core::DType::F32)
+                }
+                #[test]
+                fn candle_f64() {
+                    super::$f(candle_core::DType::F64)
+                }
+                #[test]
+                fn candle_bf16() {
+                    super::$f(candle_core::DType::BF16)
+                }
+            }
+        )*
+    };
+}

@@ -62,7 +62,7 @@ impl Loop<'_> {
             setup::engine_policy(cfg, &self.learner.policy)?,
             None,
             self.learner.version(),
-            setup::engine_options(cfg),
+            setup::engine_options(cfg, &self.learner.policy)?,
         )?;
         mtrl_core::trace!("rollout engine built (version {})", engine.version());
         let window = self.learner.policy.config().max_position_embeddings;
@@ -83,7 +83,7 @@ impl Loop<'_> {
                 cfg,
                 &data.sets.validation,
                 envs.clone(),
-                setup::engine_options(cfg),
+                setup::engine_options(cfg, &self.learner.policy)?,
                 self.parts.codec.stop_token_ids(),
             )?
         } else {
