@@ -203,10 +203,35 @@ impl KvPool {
         Ok(())
     }
 
-    /// Writes `k`, `v` (`[tokens · kv, d]`: token-major, then head) of layer `layer` at the rows
-    /// in `index` (`[tokens · kv, d]` u32, see [`write_index`]).
-    pub fn write(&self, layer: usize, index: &Tensor, k: &Tensor, v: &Tensor) -> Result<()> {
+    /// The slot mapping of a write (`[tokens]` u32 on the store's device), once per step for
+    /// every layer; errors on a slot outside the allocated blocks (checked here, on the host,
+    /// because the CUDA kernel does not).
+    pub fn slot_mapping(&self, slots: &[u32]) -> Result<Tensor> {
+        let rows = self.blocks * BLOCK;
+        if let Some(&s) = slots.iter().find(|&&s| s as usize >= rows) {
+            candle_core::bail!("slot {s} is outside the store's {rows} allocated positions")
+        }
+        Tensor::from_slice(slots, slots.len(), &self.device)
+    }
+
+    /// Writes `k`, `v` (`[tokens · kv, d]`: token-major, then head) of layer `layer` at the slots
+    /// of `slots` ([`Self::slot_mapping`]): one kernel per buffer on CUDA (`crate::kv_write`).
+    pub fn write(&self, layer: usize, slots: &Tensor, k: &Tensor, v: &Tensor) -> Result<()> {
         crate::host::nonempty(k, "key/value write");
+        let (kp, vp) = &self.layers[layer];
+        kp.inplace_op3(&k.contiguous()?, slots, &crate::kv_write::KvWrite)?;
+        vp.inplace_op3(&v.contiguous()?, slots, &crate::kv_write::KvWrite)
+    }
+
+    /// [`Self::write`] spelled with candle's `scatter_set` and a [`write_index`]: the reference
+    /// the kernel is checked against (`mtrl selftest` on a GPU, the tests here).
+    pub fn write_scatter(
+        &self,
+        layer: usize,
+        index: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Result<()> {
         let (kp, vp) = &self.layers[layer];
         kp.scatter_set(index, &k.contiguous()?, 0)?;
         vp.scatter_set(index, &v.contiguous()?, 0)
@@ -254,6 +279,61 @@ pub fn gather_index(slots: &[u32], rows: usize, kv: usize, device: &Device) -> R
 mod tests {
     use super::*;
 
+    /// The write (`crate::kv_write`, the CUDA kernel's CPU twin) and candle's `scatter_set` with a
+    /// `write_index` leave the same store, bit for bit, in every dtype; a slot outside the
+    /// allocated blocks is refused before anything is written.
+    #[test]
+    fn the_write_equals_scatter_set_and_refuses_a_slot_outside() {
+        let dev = Device::Cpu;
+        for dtype in [DType::F32, DType::F64, DType::BF16, DType::F16] {
+            let (kv, d) = (3usize, 5usize);
+            let stores = [(); 2].map(|_| KvPool::new(2, kv, d, 8 * BLOCK, dtype, &dev).unwrap());
+            let mut pools = stores;
+            let mut owned = Vec::new();
+            for p in pools.iter_mut() {
+                let mut a = SeqBlocks::default();
+                let mut b = SeqBlocks::default();
+                assert!(p.reserve(&mut a, BLOCK + 9).unwrap());
+                assert!(p.reserve(&mut b, 2 * BLOCK).unwrap());
+                owned.push((a, b));
+            }
+            let (a, b) = &owned[0];
+            // Interleaved owners, across block boundaries, out of order.
+            let mut slots: Vec<u32> = a.slots(BLOCK + 9).step_by(3).collect();
+            slots.reverse();
+            slots.extend(b.slots(70));
+            let t = slots.len();
+            let k = Tensor::randn(0f32, 1.0, (t * kv, d), &dev)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let v = (&k * -0.5).unwrap();
+            pools[0]
+                .write(1, &pools[0].slot_mapping(&slots).unwrap(), &k, &v)
+                .unwrap();
+            let idx = write_index(&slots, kv, d, &dev).unwrap();
+            pools[1].write_scatter(1, &idx, &k, &v).unwrap();
+            for i in 0..2 {
+                let bits = |p: &KvPool| {
+                    let t = if i == 0 { p.layer(1).0 } else { p.layer(1).1 };
+                    t.to_dtype(DType::F64)
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1::<f64>()
+                        .unwrap()
+                };
+                assert_eq!(bits(&pools[0]), bits(&pools[1]), "{dtype:?} buffer {i}");
+            }
+            let rows = pools[0].blocks * BLOCK;
+            let err = pools[0]
+                .slot_mapping(&[0, rows as u32])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("outside"), "{err}");
+        }
+    }
+
     #[test]
     fn blocks_are_reused_and_the_bound_holds() {
         let dev = Device::Cpu;
@@ -291,8 +371,8 @@ mod tests {
             })
             .collect();
         let k = Tensor::from_vec(k, (14, 3), &dev).unwrap();
-        let idx = write_index(&slots, 2, 3, &dev).unwrap();
-        pool.write(1, &idx, &k, &(&k * 2.0).unwrap()).unwrap();
+        let map = pool.slot_mapping(&slots).unwrap();
+        pool.write(1, &map, &k, &(&k * 2.0).unwrap()).unwrap();
         let mut other = SeqBlocks::default();
         assert!(pool.reserve(&mut other, 100 * BLOCK).unwrap());
         let (kb, vb) = pool.layer(1);

@@ -37,6 +37,7 @@ pub mod gguf;
 pub mod host;
 pub mod kv_cache;
 pub mod kv_pool;
+mod kv_write;
 pub mod logprobs;
 pub mod lora;
 pub mod policy;

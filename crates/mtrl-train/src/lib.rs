@@ -38,6 +38,7 @@ pub mod resume;
 pub mod rft;
 pub mod run;
 pub mod selftest;
+mod selftest_kernels;
 pub mod serve;
 pub mod setup;
 pub mod sft;

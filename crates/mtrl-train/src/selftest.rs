@@ -477,6 +477,16 @@ pub fn run(args: &SelftestOptions, emit: &mut dyn FnMut(&Value)) -> Result<()> {
             bf16_checks(&mut r, kind, &dir, &g, &dev)?;
         }
     }
+    for (name, dtype, ok, fields) in crate::selftest_kernels::checks(&dev)? {
+        r.check(&name, &dtype, ok, fields);
+    }
+    let empty = mtrl_model::host::empty_launches();
+    r.check(
+        "no op on zero elements",
+        "-",
+        empty == 0,
+        json!({"empty_launches": empty}),
+    );
     (r.emit)(
         &json!({"check": "selftest", "device": args.device, "ok": r.failed.is_empty(),
                "passed": r.passed, "failed": r.failed.len(), "failed_checks": r.failed}),

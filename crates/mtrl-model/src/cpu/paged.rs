@@ -172,7 +172,7 @@ fn attend(
 mod tests {
     use candle_core::{DType, Device, Tensor};
 
-    use crate::kv_pool::{write_index, KvPool, SeqBlocks};
+    use crate::kv_pool::{KvPool, SeqBlocks};
     use crate::transformer::backend::Candle;
     use crate::transformer::paged::{decode_gathered, DecodeTable, Segment};
 
@@ -189,8 +189,8 @@ mod tests {
             let slots: Vec<u32> = s.slots(len).collect();
             let k = Tensor::randn(0f32, 1.0, (len * kv, d), &dev).unwrap();
             let v = Tensor::randn(0f32, 1.0, (len * kv, d), &dev).unwrap();
-            let idx = write_index(&slots, kv, d, &dev).unwrap();
-            pool.write(0, &idx, &k, &v).unwrap();
+            let map = pool.slot_mapping(&slots).unwrap();
+            pool.write(0, &map, &k, &v).unwrap();
             segs.push(Segment {
                 start: len - 1,
                 len: 1,

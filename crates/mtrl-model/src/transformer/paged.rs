@@ -18,7 +18,7 @@ use candle_core::{Device, Result, Tensor};
 
 use super::{mask_value, Transformer};
 use crate::host;
-use crate::kv_pool::{gather_index, write_index, KvPool};
+use crate::kv_pool::{gather_index, KvPool};
 
 /// One sequence's rows in a step.
 #[derive(Debug, Clone)]
@@ -238,7 +238,7 @@ impl Transformer {
             candle_core::bail!("a model without layers")
         };
         let (heads, kv, d) = (l0.attn.heads, l0.attn.kv_heads, l0.attn.head_dim);
-        let index = write_index(&write_slots, kv, d, dev)?;
+        let slots = pool.slot_mapping(&write_slots)?;
         let decode = DecodeTable::new(batch.decode, dev);
         let prefill = if batch.prefill.is_empty() {
             None
@@ -251,7 +251,7 @@ impl Transformer {
             let rows = |a: &Tensor| -> Result<Tensor> { a.squeeze(0)?.transpose(0, 1) };
             pool.write(
                 li,
-                &index,
+                &slots,
                 &rows(&k)?.reshape((t * kv, d))?,
                 &rows(&v)?.reshape((t * kv, d))?,
             )?;
