@@ -5,6 +5,9 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+/// The `src/*.cu` files, each compiled to `$OUT_DIR/<name>.ptx`.
+const KERNELS: &[&str] = &["kv_write"];
+
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");
     println!("cargo::rerun-if-changed=src");
@@ -19,7 +22,7 @@ fn main() {
         .map(|r| PathBuf::from(r).join("bin/nvcc"))
         .filter(|p| p.exists())
         .unwrap_or_else(|| PathBuf::from("nvcc"));
-    for name in ["kv_write"] {
+    for name in KERNELS {
         let src = format!("src/{name}.cu");
         let ptx = out.join(format!("{name}.ptx"));
         let status = Command::new(&nvcc)
