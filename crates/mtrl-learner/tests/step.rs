@@ -236,6 +236,10 @@ fn a_step_reads_back_once_per_micro_batch_and_once_per_update() {
         assert!(!m.skipped && m.loss.is_finite(), "{dtype:?}: {m:?}");
         assert!(m.micro_batches >= 3, "{dtype:?}: {m:?}");
         let updates = m.updates + m.skipped_updates;
+        println!(
+            "{dtype:?}: {reads} device reads for {} micro-batches and {updates} update(s)",
+            m.micro_batches
+        );
         assert_eq!(
             reads,
             m.micro_batches + updates,
