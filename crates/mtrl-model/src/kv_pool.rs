@@ -207,11 +207,18 @@ impl KvPool {
     /// every layer; errors on a slot outside the allocated blocks (checked here, on the host,
     /// because the CUDA kernel does not).
     pub fn slot_mapping(&self, slots: &[u32]) -> Result<Tensor> {
+        self.check_slots(slots)?;
+        Tensor::from_slice(slots, slots.len(), &self.device)
+    }
+
+    /// Errors on a slot outside the allocated blocks (the check of [`Self::slot_mapping`], for a
+    /// caller that uploads the slots itself).
+    pub fn check_slots(&self, slots: &[u32]) -> Result<()> {
         let rows = self.blocks * BLOCK;
         if let Some(&s) = slots.iter().find(|&&s| s as usize >= rows) {
             candle_core::bail!("slot {s} is outside the store's {rows} allocated positions")
         }
-        Tensor::from_slice(slots, slots.len(), &self.device)
+        Ok(())
     }
 
     /// Writes `k`, `v` (`[tokens · kv, d]`: token-major, then head) of layer `layer` at the slots
@@ -260,19 +267,25 @@ pub fn write_index(slots: &[u32], kv: usize, d: usize, device: &Device) -> Resul
 /// The gather index of `rows` sequences' slots, `[rows · kv · s]` u32 in (sequence, head,
 /// position) order, for `slots` laid out `[rows, s]`: gathered rows reshape to `[rows, kv, s, d]`.
 pub fn gather_index(slots: &[u32], rows: usize, kv: usize, device: &Device) -> Result<Tensor> {
+    let mut idx = Vec::new();
+    gather_rows(slots, rows, kv, &mut idx);
+    let n = idx.len();
+    Tensor::from_vec(idx, n, device)
+}
+
+/// [`gather_index`] on the host, appended to `out`.
+pub fn gather_rows(slots: &[u32], rows: usize, kv: usize, out: &mut Vec<u32>) {
     let s = slots.len() / rows.max(1);
-    let mut idx = Vec::with_capacity(rows * kv * s);
+    out.reserve(rows * kv * s);
     for r in 0..rows {
         for g in 0..kv {
-            idx.extend(
+            out.extend(
                 slots[r * s..(r + 1) * s]
                     .iter()
                     .map(|&x| row_of(x, g, kv) as u32),
             );
         }
     }
-    let n = idx.len();
-    Tensor::from_vec(idx, n, device)
 }
 
 #[cfg(test)]

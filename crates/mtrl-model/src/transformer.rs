@@ -36,6 +36,7 @@ pub(crate) mod backend;
 pub(crate) mod lora;
 pub mod paged;
 mod rope;
+mod step_meta;
 
 pub(crate) use lora::LoraPair;
 

@@ -16,7 +16,8 @@ use std::sync::OnceLock;
 
 use candle_core::{Device, Result, Tensor};
 
-use super::{mask_value, Transformer};
+use super::step_meta::StepMeta;
+use super::Transformer;
 use crate::host;
 use crate::kv_pool::{gather_index, KvPool};
 
@@ -60,6 +61,9 @@ pub struct DecodeTable {
     pub slots: Vec<u32>,
     pub max_len: usize,
     device: Device,
+    /// The gather index and lengths already on the device (a view of the step's one upload,
+    /// [`super::step_meta`]), with the step's ramp.
+    packed: Option<(Tensor, Tensor, Tensor)>,
     gathered: OnceLock<(Tensor, Tensor)>,
 }
 
@@ -75,8 +79,16 @@ impl DecodeTable {
             slots,
             max_len,
             device: device.clone(),
+            packed: None,
             gathered: OnceLock::new(),
         }
+    }
+
+    /// The table with its gather index `[n · kv · max_len]` and lengths `[n]` on the device, and
+    /// the step's `0..S` ramp (S ≥ `max_len`).
+    pub(crate) fn with_device_index(mut self, idx: Tensor, lens: Tensor, ramp: Tensor) -> Self {
+        self.packed = Some((idx, lens, ramp));
+        self
     }
 
     /// The gather index `[n · kv · max_len]` and the additive length mask `[n, 1, 1, max_len]`
@@ -90,13 +102,18 @@ impl DecodeTable {
             return Ok(g);
         }
         let (n, s) = (self.lens.len(), self.max_len);
-        let idx = gather_index(&self.slots, n, kv, &self.device)?;
-        let neg = mask_value(dtype);
-        let mut m = vec![0f32; n * s];
-        for (i, &len) in self.lens.iter().enumerate() {
-            m[i * s + len..(i + 1) * s].fill(neg);
-        }
-        let mask = Tensor::from_vec(m, (n, 1, 1, s), &self.device)?.to_dtype(dtype)?;
+        let (idx, lens, ramp) = match &self.packed {
+            Some((i, l, r)) => (i.clone(), l.clone(), r.clone()),
+            None => {
+                let lens: Vec<u32> = self.lens.iter().map(|&l| l as u32).collect();
+                (
+                    gather_index(&self.slots, n, kv, &self.device)?,
+                    Tensor::from_vec(lens, n, &self.device)?,
+                    Tensor::arange(0u32, s as u32, &self.device)?,
+                )
+            }
+        };
+        let mask = StepMeta::length_mask(&ramp, &lens, s, dtype)?;
         Ok(self.gathered.get_or_init(|| (idx, mask)))
     }
 }
@@ -107,50 +124,6 @@ pub(crate) fn gather_heads(pool: &Tensor, idx: &Tensor, m: usize, kv: usize) -> 
     let d = pool.dim(1)?;
     let s = idx.dim(0)? / (m * kv).max(1);
     pool.index_select(idx, 0)?.reshape((m, kv, s, d))
-}
-
-/// The prefill segments' padding: query rows, key slots, mask, and where valid outputs sit.
-struct PrefillTable {
-    m: usize,
-    t_max: usize,
-    /// `[m · t_max]`: row (within the prefill rows) of each padded query; padding repeats 0.
-    q_rows: Tensor,
-    /// `[m · kv · s_max]`: buffer row of each padded key (see [`gather_index`]).
-    kv_slots: Tensor,
-    /// `[m, 1, t_max, s_max]` additive.
-    mask: Tensor,
-    /// `[prefill rows]`: index of each real row in the padded `[m · t_max]` output.
-    out_rows: Tensor,
-}
-
-impl PrefillTable {
-    fn new(segs: &[Segment], kv: usize, dtype: candle_core::DType, dev: &Device) -> Result<Self> {
-        let m = segs.len();
-        let t_max = segs.iter().map(|s| s.len).max().unwrap_or(0);
-        let s_max = segs.iter().map(|s| s.start + s.len).max().unwrap_or(0);
-        let neg = mask_value(dtype);
-        let (mut q_rows, mut kv_slots) = (vec![0u32; m * t_max], vec![0u32; m * s_max]);
-        let mut mask = vec![neg; m * t_max * s_max];
-        let mut out_rows = Vec::new();
-        let mut row = 0u32;
-        for (j, s) in segs.iter().enumerate() {
-            kv_slots[j * s_max..][..s.slots.len()].copy_from_slice(&s.slots);
-            for i in 0..s.len {
-                q_rows[j * t_max + i] = row;
-                row += 1;
-                out_rows.push((j * t_max + i) as u32);
-                mask[(j * t_max + i) * s_max..][..s.start + i + 1].fill(0.0);
-            }
-        }
-        Ok(PrefillTable {
-            m,
-            t_max,
-            q_rows: Tensor::from_vec(q_rows, m * t_max, dev)?,
-            kv_slots: gather_index(&kv_slots, m, kv, dev)?,
-            mask: Tensor::from_vec(mask, (m, 1, t_max, s_max), dev)?.to_dtype(dtype)?,
-            out_rows: Tensor::from_vec(out_rows, row as usize, dev)?,
-        })
-    }
 }
 
 impl Transformer {
@@ -211,39 +184,34 @@ impl Transformer {
         let dev = self.embed.device();
         let t = batch.ids.len();
         let n_dec = batch.decode.len();
-        let mut positions = Vec::with_capacity(t);
-        let mut write_slots = Vec::with_capacity(t);
-        for s in batch.decode.iter().chain(batch.prefill) {
-            for p in s.start..s.start + s.len {
-                positions.push(p as u32);
-                write_slots.push(s.slots[p]);
-            }
-        }
-        if positions.len() != t {
-            candle_core::bail!(
-                "paged batch: {} ids for {} segment rows",
-                t,
-                positions.len()
-            )
-        }
         if t == 0 {
             candle_core::bail!("paged batch: no rows")
         }
-        let ids = Tensor::from_slice(batch.ids, (1, t), dev)?;
-        let mut x = self.embed_ids(&ids)?;
-        let rope = self
-            .rope
-            .gather(&Tensor::from_vec(positions, (1, t), dev)?)?;
         let Some(l0) = self.layers.first() else {
             candle_core::bail!("a model without layers")
         };
         let (heads, kv, d) = (l0.attn.heads, l0.attn.kv_heads, l0.attn.head_dim);
-        let slots = pool.slot_mapping(&write_slots)?;
-        let decode = DecodeTable::new(batch.decode, dev);
-        let prefill = if batch.prefill.is_empty() {
-            None
-        } else {
-            Some(PrefillTable::new(batch.prefill, kv, x.dtype(), dev)?)
+        // One upload for the step's ids, positions, slots and tables (`step_meta`).
+        let pack_decode = self.be.ragged_in_one_pass();
+        let (meta, write_slots) = StepMeta::new(
+            batch.ids,
+            batch.decode,
+            batch.prefill,
+            batch.outputs,
+            kv,
+            pack_decode,
+            dev,
+        )?;
+        pool.check_slots(&write_slots)?;
+        let mut x = self.embed_ids(&meta.ids)?;
+        let rope = self.rope.gather(&meta.positions)?;
+        let mut decode = DecodeTable::new(batch.decode, dev);
+        if let Some((idx, lens)) = &meta.decode {
+            decode = decode.with_device_index(idx.clone(), lens.clone(), meta.ramp().clone());
+        }
+        let prefill = match &meta.prefill {
+            Some(pt) => Some((pt, pt.mask(meta.ramp(), x.dtype())?)),
+            None => None,
         };
         for (li, l) in self.layers.iter().enumerate() {
             let h = self.be.rms_norm(&x, &l.input_ln, self.eps)?;
@@ -251,7 +219,7 @@ impl Transformer {
             let rows = |a: &Tensor| -> Result<Tensor> { a.squeeze(0)?.transpose(0, 1) };
             pool.write(
                 li,
-                &slots,
+                &meta.write_slots,
                 &rows(&k)?.reshape((t * kv, d))?,
                 &rows(&v)?.reshape((t * kv, d))?,
             )?;
@@ -263,7 +231,7 @@ impl Transformer {
                 let a = self.be.paged_decode_attention(&qd, kp, vp, kv, &decode)?;
                 parts.push(a.reshape((n_dec, heads * d))?);
             }
-            if let Some(pt) = &prefill {
+            if let Some((pt, mask)) = &prefill {
                 let qp = q
                     .narrow(0, n_dec, t - n_dec)?
                     .index_select(&pt.q_rows, 0)?
@@ -272,7 +240,7 @@ impl Transformer {
                     .contiguous()?;
                 let kg = gather_heads(kp, &pt.kv_slots, pt.m, kv)?;
                 let vg = gather_heads(vp, &pt.kv_slots, pt.m, kv)?;
-                let a = self.be.attention(&qp, &kg, &vg, Some(&pt.mask))?;
+                let a = self.be.attention(&qp, &kg, &vg, Some(mask))?;
                 let a = a
                     .reshape((pt.m * pt.t_max, heads * d))?
                     .index_select(&pt.out_rows, 0)?;
@@ -282,11 +250,10 @@ impl Transformer {
             x = (x + self.be.linear(&a, &l.attn.o)?)?;
             x = self.mlp_block(l, x)?;
         }
-        if batch.outputs.is_empty() {
+        let Some(out) = &meta.outputs else {
             return Ok(None);
-        }
-        let out = Tensor::from_slice(batch.outputs, batch.outputs.len(), dev)?;
-        let x = x.squeeze(0)?.index_select(&out, 0)?;
+        };
+        let x = x.squeeze(0)?.index_select(out, 0)?;
         host::nonempty(&x, "final norm");
         Ok(Some(self.be.rms_norm(&x, &self.norm, self.eps)?))
     }
