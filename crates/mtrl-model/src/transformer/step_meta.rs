@@ -191,10 +191,16 @@ impl PrefillMeta {
     }
 }
 
-/// `mask_value(dtype)` where `off` is 1, 0 elsewhere, in `dtype` (formed in f32, as the host
-/// masks were, then converted).
+/// `mask_value(dtype)` where `off` is 1, 0 elsewhere, in `dtype`: one selection pass over
+/// broadcast scalars (the value rounded to `dtype` as the host masks' conversion did).
 fn additive(off: &Tensor, dtype: DType) -> Result<Tensor> {
-    (off.to_dtype(DType::F32)? * mask_value(dtype) as f64)?.to_dtype(dtype)
+    let dev = off.device();
+    let neg = Tensor::new(mask_value(dtype), dev)?.to_dtype(dtype)?;
+    let zero = Tensor::zeros((), dtype, dev)?;
+    off.where_cond(
+        &neg.broadcast_as(off.shape())?,
+        &zero.broadcast_as(off.shape())?,
+    )
 }
 
 #[cfg(test)]
