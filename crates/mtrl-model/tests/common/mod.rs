@@ -87,11 +87,12 @@ pub fn greedy_request(prompt: Vec<u32>, n: usize) -> GenerationRequest {
 }
 
 /// Tolerance of an engine log-prob against the learner's in `dtype` (the engine's paged forward
-/// and the learner's padded one round differently).
+/// and the learner's padded one round differently; in bf16 they agree within 2e-4 on the tiny
+/// fixtures, the bound leaves 5× margin).
 pub fn logprob_tol(dtype: DType) -> f32 {
     match dtype {
         DType::F64 => 1e-5,
-        DType::BF16 | DType::F16 => 0.25,
+        DType::BF16 | DType::F16 => 1e-3,
         _ => 1e-4,
     }
 }
