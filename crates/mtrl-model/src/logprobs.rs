@@ -210,7 +210,6 @@ pub fn token_logprobs_host(
             }
         }
     }
-    let dev = policy.device().clone();
     let hsize = hidden.dim(D::Minus1)?;
     let flat = hidden.reshape((b * t, hsize))?;
     let row_idx = Tensor::from_slice(&rows, rows.len(), &dev)?;

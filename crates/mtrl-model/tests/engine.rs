@@ -8,9 +8,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 use common::*;
-use mtrl_model::{
-    token_logprobs, Engine, FinishReason, GenerationRequest, Policy, SamplingParams, Tokenizer,
-};
+use mtrl_model::{Engine, FinishReason, GenerationRequest, Policy, SamplingParams, Tokenizer};
 
 fn policy(dev: &Device, dt: DType) -> Policy {
     Policy::load(&model_dir("qwen3"), dt, dev).unwrap()
@@ -100,19 +98,9 @@ fn seeds_and_logprob_consistency(dev: &Device, dt: DType) {
     // the learner's log-probs at the same temperature reproduce the engine's
     let p = policy(dev, dt);
     for c in &out {
-        let full: Vec<u32> = prompt.iter().chain(&c.tokens).copied().collect();
-        let ids = Tensor::from_slice(&full, (1, full.len()), dev).unwrap();
-        let lp = token_logprobs(&p, &ids, None, 0.7, false, 1 << 20).unwrap();
-        let lp: Vec<f32> = lp
-            .logprobs
-            .squeeze(0)
-            .unwrap()
-            .to_dtype(DType::F32)
-            .unwrap()
-            .to_vec1()
-            .unwrap();
+        let lp = learner_logprobs(&p, &prompt, &c.tokens, 0.7);
         for (i, &want) in c.logprobs.iter().enumerate() {
-            let got = lp[prompt.len() - 1 + i];
+            let got = lp[i];
             assert!(
                 (got - want).abs() < logprob_tol(dt),
                 "{dt:?} token {i}: learner {got} vs engine {want}"

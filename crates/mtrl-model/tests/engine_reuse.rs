@@ -7,9 +7,7 @@ use candle_core::{DType, Device, Tensor};
 use common::*;
 use mtrl_model::kv_pool::{KvPool, SeqBlocks};
 use mtrl_model::transformer::paged::{PagedBatch, Segment};
-use mtrl_model::{
-    token_logprobs, Completion, Engine, EngineOptions, GenerationRequest, Policy, SamplingParams,
-};
+use mtrl_model::{Completion, Engine, EngineOptions, GenerationRequest, Policy, SamplingParams};
 
 fn policy(kind: &str, dev: &Device, dt: DType) -> Policy {
     Policy::load(&model_dir(kind), dt, dev).unwrap()
@@ -273,19 +271,9 @@ fn logprobs_match_the_learner_and_truncation_is_reported(dt: DType) {
         .unwrap();
     let p = policy("qwen3", &dev, dt);
     for (k, c) in out.iter().enumerate() {
-        let full: Vec<u32> = prompt.iter().chain(&c.tokens).copied().collect();
-        let ids = Tensor::from_slice(&full, (1, full.len()), &dev).unwrap();
-        let lp = token_logprobs(&p, &ids, None, 0.9, false, 1 << 20).unwrap();
-        let lp: Vec<f32> = lp
-            .logprobs
-            .squeeze(0)
-            .unwrap()
-            .to_dtype(DType::F32)
-            .unwrap()
-            .to_vec1()
-            .unwrap();
+        let lp = learner_logprobs(&p, &prompt, &c.tokens, 0.9);
         for (i, &want) in c.logprobs.iter().enumerate() {
-            let got = lp[prompt.len() - 1 + i];
+            let got = lp[i];
             assert!(
                 (got - want).abs() < logprob_tol(dt),
                 "{dt:?} token {i}: learner {got} vs engine {want}"

@@ -139,6 +139,30 @@ impl Stages {
 }
 
 /// Where the evaluation report goes: next to the RL run.
+/// The RL stage a job runs: trains `cfg`, refuses an interrupted run (its checkpoint is named;
+/// `after` says what that means for the job) and prints the steps and time.
+pub(crate) fn rl_stage(
+    cfg: &Config,
+    opts: TrainOptions,
+    after: &str,
+) -> Result<crate::run::Summary> {
+    let s = train(cfg, opts)?;
+    if s.interrupted {
+        crate::bail!(
+            "interrupted during the RL stage: checkpoint of step {} written under {}; {after}",
+            s.steps_done,
+            cfg.checkpoint.dir.display()
+        );
+    }
+    eprintln!(
+        "         {} steps in {:.0} s → {}",
+        s.steps_done,
+        s.wall_s,
+        cfg.checkpoint.dir.display()
+    );
+    Ok(s)
+}
+
 pub fn report_dir(cfg: &Config) -> PathBuf {
     cfg.checkpoint.dir.join("eval")
 }
@@ -254,21 +278,7 @@ pub fn run(cfg: &Config, o: &DemoOptions) -> Result<DemoOutcome> {
         watch_signals: o.watch_signals,
         ..TrainOptions::default()
     };
-    let s = train(cfg, opts)?;
-    if s.interrupted {
-        crate::bail!(
-            "interrupted during the RL stage: checkpoint of step {} written under {}; the \
-             evaluation stage did not run",
-            s.steps_done,
-            cfg.checkpoint.dir.display()
-        );
-    }
-    eprintln!(
-        "         {} steps in {:.0} s → {}",
-        s.steps_done,
-        s.wall_s,
-        cfg.checkpoint.dir.display()
-    );
+    rl_stage(cfg, opts, "the evaluation stage did not run")?;
     st.start(&format!("8/8 evaluation on the {} split", o.split.name()));
     let dir = report_dir(cfg);
     let model = |label: &str, dir: PathBuf| ModelRef {

@@ -22,7 +22,7 @@ use serde_json::json;
 use crate::demo::{self, DemoOptions, DemoOutcome, Stages};
 use crate::demo_eval::{self, ModelRef};
 use crate::error::{Context, Result};
-use crate::run::{train, TrainOptions};
+use crate::run::TrainOptions;
 use crate::{setup, sft};
 
 /// The marker a finished SFT stage leaves in its output folder.
@@ -80,21 +80,7 @@ pub fn run(cfg: &Config, ws: &WarmStartConfig, o: &DemoOptions) -> Result<DemoOu
         watch_signals: o.watch_signals,
         ..TrainOptions::default()
     };
-    let s = train(&rl, opts)?;
-    if s.interrupted {
-        crate::bail!(
-            "interrupted during the RL stage: checkpoint of step {} written under {}; rerun the \
-             same command to resume",
-            s.steps_done,
-            cfg.checkpoint.dir.display()
-        );
-    }
-    eprintln!(
-        "         {} steps in {:.0} s → {}",
-        s.steps_done,
-        s.wall_s,
-        cfg.checkpoint.dir.display()
-    );
+    demo::rl_stage(&rl, opts, "rerun the same command to resume")?;
     st.start(&format!("6/6 evaluation on the {} split", o.split.name()));
     let dir = demo::report_dir(cfg);
     let lora = cfg.lora.is_some();

@@ -207,23 +207,7 @@ impl Policy {
     /// parameters copied (own storage), frozen base weights shared. The copies have finished on
     /// the device when this returns (the engine thread launches on its own CUDA stream).
     pub fn fork(&self) -> Result<Policy> {
-        let mut p = self.clone();
-        p.vars = self
-            .vars
-            .iter()
-            .map(|(n, v)| {
-                Ok((
-                    n.clone(),
-                    Var::from_tensor(&v.as_tensor().detach().copy()?)?,
-                ))
-            })
-            .collect::<Result<_>>()?;
-        if let Some(l) = &self.lora {
-            let mut fresh = LoraState::new(l.spec.clone(), l.base_name.clone());
-            fresh.merged = l.merged;
-            p.lora = Some(fresh);
-        }
-        p.build_views()?;
+        let p = self.forked(|t| Ok(t.copy()?), None)?;
         self.device.synchronize()?;
         Ok(p)
     }
@@ -236,28 +220,44 @@ impl Policy {
         if device.same_device(&self.device) {
             return self.fork();
         }
+        let p = self.forked(|t| Ok(t.to_device(device)?), Some(device))?;
+        device.synchronize()?;
+        Ok(p)
+    }
+
+    /// A copy whose trainable parameters are `copy` of this one's, with a fresh adapter state;
+    /// with `device`, on that device (the frozen base weights copied there too), else sharing
+    /// the frozen base.
+    fn forked(
+        &self,
+        copy: impl Fn(&Tensor) -> Result<Tensor>,
+        device: Option<&Device>,
+    ) -> Result<Policy> {
         let mut p = self.clone();
-        p.device = device.clone();
         p.vars = self
             .vars
             .iter()
             .map(|(n, v)| {
-                let t = v.as_tensor().detach().to_device(device)?;
-                Ok((n.clone(), Var::from_tensor(&t)?))
+                Ok((
+                    n.clone(),
+                    Var::from_tensor(&copy(&v.as_tensor().detach())?)?,
+                ))
             })
             .collect::<Result<_>>()?;
-        p.frozen = self
-            .frozen
-            .iter()
-            .map(|(n, t)| Ok((n.clone(), t.to_device(device)?)))
-            .collect::<Result<_>>()?;
+        if let Some(device) = device {
+            p.device = device.clone();
+            p.frozen = self
+                .frozen
+                .iter()
+                .map(|(n, t)| Ok((n.clone(), t.to_device(device)?)))
+                .collect::<Result<_>>()?;
+        }
         if let Some(l) = &self.lora {
             let mut fresh = LoraState::new(l.spec.clone(), l.base_name.clone());
             fresh.merged = l.merged;
             p.lora = Some(fresh);
         }
         p.build_views()?;
-        device.synchronize()?;
         Ok(p)
     }
 

@@ -191,21 +191,20 @@ impl Transformer {
             candle_core::bail!("a model without layers")
         };
         let (heads, kv, d) = (l0.attn.heads, l0.attn.kv_heads, l0.attn.head_dim);
+        let mut decode = DecodeTable::new(batch.decode, dev);
         // One upload for the step's ids, positions, slots and tables (`step_meta`).
-        let pack_decode = self.be.ragged_in_one_pass();
         let (meta, write_slots) = StepMeta::new(
             batch.ids,
             batch.decode,
             batch.prefill,
             batch.outputs,
             kv,
-            pack_decode,
+            self.be.ragged_in_one_pass().then_some(&decode),
             dev,
         )?;
         pool.check_slots(&write_slots)?;
         let mut x = self.embed_ids(&meta.ids)?;
         let rope = self.rope.gather(&meta.positions)?;
-        let mut decode = DecodeTable::new(batch.decode, dev);
         if let Some((idx, lens)) = &meta.decode {
             decode = decode.with_device_index(idx.clone(), lens.clone(), meta.ramp().clone());
         }

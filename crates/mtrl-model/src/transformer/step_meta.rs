@@ -9,7 +9,7 @@
 use candle_core::{DType, Device, Result, Tensor};
 
 use super::mask_value;
-use super::paged::Segment;
+use super::paged::{DecodeTable, Segment};
 use crate::kv_pool::gather_rows;
 
 /// Views of the step's one upload.
@@ -53,15 +53,17 @@ fn section(buf: &mut Vec<u32>, v: impl IntoIterator<Item = u32>) -> (usize, usiz
 
 impl StepMeta {
     /// The metadata of rows `ids` (decode segments, then prefill segments) returning `outputs`;
-    /// `pack_decode`: include the decode rows' gather index and lengths (the candle backend's
-    /// decode attention reads them; the CPU kernels follow the slot tables on the host).
+    /// with `pack_decode` (the decode segments' slot tables), the decode rows' gather index and
+    /// lengths too (the candle backend's decode attention reads them; the CPU kernels follow the
+    /// slot tables on the host).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         ids: &[u32],
         decode: &[Segment],
         prefill: &[Segment],
         outputs: &[u32],
         kv: usize,
-        pack_decode: bool,
+        pack_decode: Option<&DecodeTable>,
         dev: &Device,
     ) -> Result<(StepMeta, Vec<u32>)> {
         let t = ids.len();
@@ -85,20 +87,16 @@ impl StepMeta {
         let r_slots = section(&mut buf, slots.iter().copied());
         let r_out = section(&mut buf, outputs.iter().copied());
         let mut ramp_len = 1;
-        let r_dec = if pack_decode && !decode.is_empty() {
-            let max_len = decode.iter().map(|s| s.slots.len()).max().unwrap_or(0);
-            ramp_len = ramp_len.max(max_len);
-            let mut table = vec![0u32; decode.len() * max_len];
-            for (i, s) in decode.iter().enumerate() {
-                table[i * max_len..][..s.slots.len()].copy_from_slice(&s.slots);
+        let r_dec = match pack_decode {
+            Some(table) if !table.lens.is_empty() => {
+                ramp_len = ramp_len.max(table.max_len);
+                let start = buf.len();
+                gather_rows(&table.slots, table.lens.len(), kv, &mut buf);
+                let idx = (start, buf.len() - start);
+                let lens = section(&mut buf, table.lens.iter().map(|&l| l as u32));
+                Some((idx, lens))
             }
-            let start = buf.len();
-            gather_rows(&table, decode.len(), kv, &mut buf);
-            let idx = (start, buf.len() - start);
-            let lens = section(&mut buf, decode.iter().map(|s| s.slots.len() as u32));
-            Some((idx, lens))
-        } else {
-            None
+            _ => None,
         };
         let r_pre = if prefill.is_empty() {
             None
@@ -228,8 +226,9 @@ mod tests {
         let t = decode.len() + prefill.iter().map(|s| s.len).sum::<usize>();
         let ids: Vec<u32> = (0..t as u32).collect();
         let kv = 2;
+        let table = DecodeTable::new(&decode, &dev);
         let (meta, slots) =
-            StepMeta::new(&ids, &decode, &prefill, &[0, 2, 7], kv, true, &dev).unwrap();
+            StepMeta::new(&ids, &decode, &prefill, &[0, 2, 7], kv, Some(&table), &dev).unwrap();
         assert_eq!(slots.len(), t);
         for dtype in [DType::F32, DType::BF16, DType::F16] {
             let neg = mask_value(dtype);

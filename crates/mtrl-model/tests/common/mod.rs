@@ -121,3 +121,25 @@ macro_rules! per_kernels {
         )*
     };
 }
+
+/// The learner's log-probs (inference view, temperature `t`) of each of `tokens` after `prompt`:
+/// what the engine reports for a completion, computed the learner's way.
+pub fn learner_logprobs(
+    p: &mtrl_model::Policy,
+    prompt: &[u32],
+    tokens: &[u32],
+    t: f64,
+) -> Vec<f32> {
+    let full: Vec<u32> = prompt.iter().chain(tokens).copied().collect();
+    let ids = Tensor::from_slice(&full, (1, full.len()), p.device()).unwrap();
+    let lp = mtrl_model::token_logprobs(p, &ids, None, t, false, 1 << 20).unwrap();
+    let lp: Vec<f32> = lp
+        .logprobs
+        .squeeze(0)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    lp[prompt.len() - 1..].to_vec()
+}
