@@ -4,6 +4,7 @@
 Inputs (files in --dir, each optional; a missing or empty one yields a `missing` line):
   mtrl-decode-*.json `mtrl bench model --phases [prefill,]decode`, one batch size per file
   mtrl-train.json    `mtrl bench model --phases train` (one JSON object)
+  mtrl-train-ckpt.json, mtrl-train-long.json   the same with --checkpointing ([8, 2048] at once; one long row)
   mtrl-engine.json   `mtrl bench engine` (paged vs legacy engine, one JSON object)
   torch-gen.jsonl    `bench/torch_ref.py --jsonl --skip-train` (one line per figure)
   torch-train.jsonl  `bench/torch_ref.py --jsonl --skip-gen` (amp, then optionally bf16)
@@ -116,6 +117,21 @@ def main():
                   "value": tr["device_mem_used_mib"]})
     else:
         emit({"impl": "mtrl", "figure": "train", "missing": True})
+
+    # The learner with activation checkpointing (whole batch in one forward; one long row), with
+    # the phase's sampled peak (nvidia-smi, minus the idle baseline).
+    for phase in ("mtrl-train-ckpt", "mtrl-train-long"):
+        r = read_json(os.path.join(d, phase + ".json"))
+        if not r:
+            emit({"impl": "mtrl", "figure": phase, "missing": True})
+            continue
+        base = {"impl": "mtrl", "phase": phase, "device": r.get("device"), "dtype": r.get("dtype"),
+                "train_batch": r.get("train_batch"), "L": r.get("train_len"),
+                "micro_batch": r.get("train_micro_batch"),
+                "checkpointing": r.get("train_checkpointing"), "peak_gpu_mem_mib": mem.get(phase)}
+        for fig in ("train_tokens_per_s", "train_step_tokens_per_s"):
+            if r.get(fig) is not None:
+                emit({**base, "figure": fig, "value": r[fig]})
 
     if rl and rl.get("ok"):
         emit({"impl": "mtrl", "figure": "rl_train_smoke",

@@ -11,6 +11,8 @@
 #      all carried by the repository; small group / batch / turns so it stays near a minute;
 #      then `mtrl bench train --lora`: LoRA (rank 32) against full fine-tuning on the same shape,
 #      one row of 2,048 tokens, with the phase's peak GPU memory;
+#      and, after the PyTorch training peer, the learner with activation checkpointing: the
+#      [8, 2048] step with all 8 rows in one forward, and one 16,384-token row;
 #   4. `mtrl bench engine`: 64 four-call episodes (150-token tool responses) on the paged engine
 #      and on the legacy one, side by side (episodes/s ratio, KV-reuse factor);
 #   5. bench/torch_ref.py, the same workload with transformers (bf16 `generate` with KV cache;
@@ -46,6 +48,7 @@ NEW=64
 TRAIN_BATCH=8
 TRAIN_LEN=2048
 TRAIN_MICRO=1
+LONG_LEN=16384
 RL_CONFIG=configs/gpu-train-smoke.toml
 ENGINE_WORKLOAD=(--episodes 64 --calls 4 --prompt-tokens 256 --tool-tokens 150 --new-tokens 32)
 RL_STEPS=5
@@ -74,7 +77,7 @@ TORCH_DEVICE="cuda:$GPU_INDEX"
 if [[ "$SMOKE" == 1 ]]; then
   # Checks this script's plumbing on a CPU: same steps and report, tiny shapes, no GPU figures.
   DEVICE=cpu TORCH_DEVICE=cpu SHAPE=bench/bench-small.json BATCHES=1,2 PROMPT=8 NEW=4
-  TRAIN_BATCH=2 TRAIN_LEN=32 TRAIN_MICRO=1
+  TRAIN_BATCH=2 TRAIN_LEN=32 TRAIN_MICRO=1 LONG_LEN=64
   RL_CONFIG=configs/cpu-train-smoke.toml RL_STEPS=2
   ENGINE_WORKLOAD=(--episodes 4 --calls 2 --prompt-tokens 16 --tool-tokens 8 --new-tokens 4)
 fi
@@ -124,6 +127,12 @@ BENCH_COMMON=("$BIN" bench model --config "$SHAPE" --device "$DEVICE" --dtype bf
 BENCH_DECODE=("${BENCH_COMMON[@]}" --prompt-len "$PROMPT" --new-tokens "$NEW" --batch-sizes)
 BENCH_TRAIN=("${BENCH_COMMON[@]}" --phases train --train-batch "$TRAIN_BATCH"
   --train-len "$TRAIN_LEN" --train-micro-batch "$TRAIN_MICRO")
+# The learner with activation checkpointing: the whole [8, 2048] batch in one forward (the
+# attention of one layer at a time), and one long row.
+BENCH_TRAIN_CKPT=("${BENCH_COMMON[@]}" --phases train --train-batch "$TRAIN_BATCH"
+  --train-len "$TRAIN_LEN" --train-micro-batch 0 --checkpointing)
+BENCH_TRAIN_LONG=("${BENCH_COMMON[@]}" --phases train --train-batch 1 --train-len "$LONG_LEN"
+  --checkpointing)
 # LoRA (rank 32, all seven targets) against full fine-tuning on the same shape: one row of
 # TRAIN_LEN tokens per step; step time, optimizer bytes, publish, decode unmerged / merged. Its
 # phase peak is the larger of the two (full fine-tuning runs first in the same process).
@@ -163,7 +172,7 @@ if [[ "$DRY" == 1 ]]; then
   [[ "$info" == *'"cuda":true'* ]] || die "$CARRIED was built without the cuda feature"
   (( $(stat -c %s "$CARRIED") <= 64 * 1048576 )) || die "$CARRIED is over the 64 MiB carry limit (gzip it: --bin mtrl.gz)"
   help="$("$BIN" bench model --help)"
-  for flag in --phases --batch-sizes --train-micro-batch --train-len --dtype --device; do
+  for flag in --phases --batch-sizes --train-micro-batch --train-len --dtype --device --checkpointing; do
     [[ "$help" == *"$flag"* ]] || die "mtrl bench model has no $flag"
   done
   "$BIN" selftest --help | grep -q -- --fixtures || die "mtrl selftest has no --fixtures"
@@ -181,6 +190,8 @@ if [[ "$DRY" == 1 ]]; then
   json step=selftest plan="${SELFTEST[*]}"
   json step=mtrl-train plan="${BENCH_TRAIN[*]}"
   json step=mtrl-lora plan="${BENCH_LORA[*]}"
+  json step=mtrl-train-ckpt plan="${BENCH_TRAIN_CKPT[*]}"
+  json step=mtrl-train-long plan="${BENCH_TRAIN_LONG[*]}"
   "$BIN" bench train --help | grep -q -- --lora || die "mtrl bench train has no --lora"
   json step=train-smoke plan="unpack $FIXTURES/qwen3-tokenizer into runs/qwen3-tokenizer; ${DATA_PREP[*]}; ${RL_TRAIN[*]}"
   for b in ${BATCHES//,/ }; do
@@ -338,6 +349,8 @@ for i in "${!BATCH_LIST[@]}"; do
 done
 run torch-gen "$OUTDIR/torch-gen.jsonl" 120 "${TORCH_GEN[@]}"
 run torch-train "$OUTDIR/torch-train.jsonl" 90 "${TORCH_TRAIN_AMP[@]}"
+run mtrl-train-ckpt "$OUTDIR/mtrl-train-ckpt.json" 90 "${BENCH_TRAIN_CKPT[@]}"
+run mtrl-train-long "$OUTDIR/mtrl-train-long.json" 120 "${BENCH_TRAIN_LONG[@]}"
 if (( LAST > 0 )); then
   b="${BATCH_LIST[$LAST]}"
   run "mtrl-decode-$b" "$OUTDIR/mtrl-decode-$b.json" 150 "${BENCH_DECODE[@]}" "$b" --phases decode

@@ -216,6 +216,19 @@ fn kv_cache_fraction_bounds_the_store_in_device_memory() {
     let large = with("kv_cache_fraction = 0.002\n");
     let parts = mtrl_train::setup::model_parts(&small).unwrap();
     let policy = mtrl_train::setup::initial_policy(&small, &parts).unwrap();
+    // `[train] activation_checkpointing` reaches the policy (the bf16 smoke turns it on).
+    assert!(policy.activation_checkpointing());
+    let off = Config::from_toml_str(
+        &text.replace(
+            "activation_checkpointing = true",
+            "activation_checkpointing = false",
+        ),
+        &repo().join("configs/x.toml"),
+    )
+    .unwrap();
+    assert!(!mtrl_train::setup::initial_policy(&off, &parts)
+        .unwrap()
+        .activation_checkpointing());
     let c = policy.config();
     let per = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 2; // bf16
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();

@@ -39,6 +39,14 @@ pub struct BenchModelArgs {
     /// small micro-batches.
     #[arg(long, default_value_t = 0)]
     pub train_micro_batch: usize,
+    /// Training rows of decreasing length (right-padded; packed by the forward): see
+    /// `train_ragged` in the report.
+    #[arg(long)]
+    pub train_ragged: bool,
+    /// Per-layer activation checkpointing of the training forward (`[train]
+    /// activation_checkpointing`).
+    #[arg(long)]
+    pub checkpointing: bool,
     /// Timed runs after one warm-up (the best is reported).
     #[arg(long, default_value_t = 2)]
     pub repeats: usize,
@@ -66,7 +74,7 @@ pub enum Phase {
 pub fn run(args: &BenchModelArgs) -> anyhow::Result<()> {
     let device = mtrl_model::parse_device(&args.device)?;
     let dtype = mtrl_model::parse_dtype(&args.dtype)?;
-    let policy = match (&args.model, &args.config) {
+    let mut policy = match (&args.model, &args.config) {
         (Some(m), _) => {
             Policy::load(m, dtype, &device).with_context(|| format!("loading {}", m.display()))?
         }
@@ -76,6 +84,7 @@ pub fn run(args: &BenchModelArgs) -> anyhow::Result<()> {
         }
         (None, None) => anyhow::bail!("--config or --model is needed"),
     };
+    policy.set_activation_checkpointing(args.checkpointing);
     let cfg = policy.config().clone();
     anyhow::ensure!(
         args.prompt_len >= 1 && args.prompt_len + args.new_tokens <= cfg.max_position_embeddings,
@@ -98,6 +107,7 @@ pub fn run(args: &BenchModelArgs) -> anyhow::Result<()> {
         train_len: args.train_len,
         train_batch: args.train_batch,
         train_micro_batch: args.train_micro_batch,
+        train_ragged: args.train_ragged,
         repeats: args.repeats,
         prefill: args.phases.contains(&Phase::Prefill),
         decode: args.phases.contains(&Phase::Decode),

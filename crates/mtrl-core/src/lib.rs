@@ -15,6 +15,7 @@
 pub mod chat;
 pub mod config;
 pub mod error;
+pub mod mem;
 pub mod record;
 pub mod rng;
 pub mod trace;

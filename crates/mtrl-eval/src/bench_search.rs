@@ -39,22 +39,6 @@ pub struct BenchSearchOptions {
     pub peer: Option<PathBuf>,
 }
 
-/// Peak and current resident memory of this process, in MiB, from `/proc/self/status` (Linux;
-/// `None` elsewhere).
-fn rss_mb() -> Option<(f64, f64)> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kb = |key: &str| -> Option<f64> {
-        let line = s.lines().find(|l| l.starts_with(key))?;
-        line.split_whitespace().nth(1)?.parse::<f64>().ok()
-    };
-    Some((kb("VmHWM:")? / 1024.0, kb("VmRSS:")? / 1024.0))
-}
-
-/// Resets the peak-RSS mark to the current RSS (Linux `clear_refs` 5); false when not possible.
-fn reset_peak_rss() -> bool {
-    std::fs::write("/proc/self/clear_refs", "5").is_ok()
-}
-
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -257,12 +241,12 @@ pub fn bench_search(
         search.index_dir = t.path().to_path_buf();
         _tmp = t;
     }
-    let before_build = rss_mb();
-    let peak_reset = reset_peak_rss();
+    let before_build = mtrl_core::mem::rss_mb();
+    let peak_reset = mtrl_core::mem::reset_peak_rss();
     let t0 = Instant::now();
     let (mut index, build) = SearchIndex::open_or_build(&search, progress)?;
     let build_s = t0.elapsed().as_secs_f64();
-    let after_build = rss_mb();
+    let after_build = mtrl_core::mem::rss_mb();
     let docs = build.docs as f64;
     let parts: Vec<Value> = build
         .parts
@@ -270,7 +254,7 @@ pub fn bench_search(
         .map(|p| json!({"part": p.part, "action": p.action, "seconds": p.seconds, "docs_per_s": docs / p.seconds.max(1e-9)}))
         .collect();
 
-    let serve_reset = reset_peak_rss();
+    let serve_reset = mtrl_core::mem::reset_peak_rss();
     let embedder_report = bench_embedder(&index, &texts, args.embed_docs)?;
 
     // Recall of the HNSW graph against exact search, on the query embeddings.
@@ -389,7 +373,7 @@ pub fn bench_search(
             "batched_hits_equal_unbatched": same,
         },
     });
-    let after_serve = rss_mb();
+    let after_serve = mtrl_core::mem::rss_mb();
     // Quality next to speed: nDCG@10 of both tools on the judged queries, when configured.
     let mut quality = serde_json::Map::new();
     if let Some(e) = &search.eval {

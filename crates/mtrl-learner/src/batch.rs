@@ -7,8 +7,9 @@
 //! shifted to log-prob positions (`logp[t]` scores token t + 1, so `mask[t] = loss_mask[t + 1]` and
 //! `behaviour[t] = logprobs[t + 1]`). A trajectory whose oldest sampled token is more than η
 //! versions behind the learner is dropped and counted; so is one without sampled tokens.
-//! Rows are packed into micro-batches of at most `micro_batch_tokens` padded tokens (a row longer
-//! than the budget gets a micro-batch of its own), in order, so the split is deterministic.
+//! Rows are grouped into micro-batches by length, longest first, at most `micro_batch_tokens` rows
+//! × longest row each (a row longer than the budget gets a micro-batch of its own); the split is a
+//! function of the rows, so it is deterministic ([`micro_batches`]).
 
 use mtrl_algo::{batch_advantages, Advantage, Sample};
 use mtrl_core::Trajectory;
@@ -184,23 +185,21 @@ fn sample(t: &Trajectory) -> Result<Sample> {
     })
 }
 
-/// Splits row indices into micro-batches of at most `budget` padded tokens.
-pub fn micro_batches(rows: &[Row], budget: usize) -> Vec<std::ops::Range<usize>> {
-    let mut out = Vec::new();
-    let mut start = 0;
-    let mut max_len = 0;
-    for (i, r) in rows.iter().enumerate() {
-        let len = r.tokens.len().max(max_len);
-        if i > start && len * (i + 1 - start) > budget {
-            out.push(start..i);
-            start = i;
-            max_len = r.tokens.len();
-        } else {
-            max_len = len;
+/// Splits rows into micro-batches (groups of row indices): rows are taken longest first, and a
+/// group holds rows while their count × its longest row stays within `budget` (a row longer than
+/// the budget gets a group of its own). The bound is the padded layout the attention core runs in
+/// (`rows × t_max`, its scores `∝ rows × t_max²`); grouping by length keeps the padding in it
+/// small, and everything else runs on the rows' own tokens (packed). Deterministic: ties keep the
+/// rows' order.
+pub fn micro_batches(rows: &[Row], budget: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(rows[i].tokens.len()));
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    for i in order {
+        match out.last_mut() {
+            Some(g) if (g.len() + 1) * rows[g[0]].tokens.len() <= budget => g.push(i),
+            _ => out.push(vec![i]),
         }
-    }
-    if start < rows.len() {
-        out.push(start..rows.len());
     }
     out
 }
@@ -300,10 +299,11 @@ mod tests {
             prox: Vec::new(),
             traj_tokens: 0.0,
         };
-        let rows = vec![row(4), row(4), row(8), row(2), row(20)];
+        let rows = vec![row(4), row(4), row(8), row(2), row(20), row(3)];
+        // Longest first: 20 alone (over the budget); 8 + 4 (2 · 8 = 16); 4 + 3 + 2 (3 · 4 = 12).
         let mb = micro_batches(&rows, 16);
-        assert_eq!(mb, vec![0..2, 2..4, 4..5]);
-        assert_eq!(micro_batches(&rows, 1000), vec![0..5]);
+        assert_eq!(mb, vec![vec![4], vec![2, 0], vec![1, 5, 3]]);
+        assert_eq!(micro_batches(&rows, 1000), vec![vec![4, 2, 0, 1, 5, 3]]);
         assert!(micro_batches(&[], 10).is_empty());
     }
 }

@@ -3,7 +3,7 @@
 //! the RL step.
 //!
 //! Loss: `−Σ mask·log p / Σ mask` over the whole batch (token mean), computed in micro-batches of
-//! at most `micro_batch_tokens` padded ids whose gradients are summed, so the update does not
+//! of at most `micro_batch_tokens` rows × longest row ([`crate::batch::micro_batches`]) whose gradients are summed, so the update does not
 //! depend on how the batch was split.
 
 use std::collections::BTreeMap;
@@ -93,8 +93,9 @@ pub fn sft_step(
     }
     let dev = policy.device().clone();
     let mut grads: BTreeMap<String, Tensor> = BTreeMap::new();
-    for range in micro_batches(&rows, cfg.micro_batch_tokens) {
-        let mb = pad(&rows[range], &dev)?;
+    for group in micro_batches(&rows, cfg.micro_batch_tokens) {
+        let picked: Vec<&Row> = group.iter().map(|&i| &rows[i]).collect();
+        let mb = pad(&picked, &dev)?;
         // Log-probs at the trained positions only (the head's cost follows the assistant's ids).
         let fwd = token_logprobs_host(policy, &mb.host(), 1.0, true, DEFAULT_CHUNK_ELEMS)?;
         let (loss, g) = fwd.loss_and_grads(|lp| {

@@ -159,8 +159,8 @@ pub struct StepMetrics {
     pub lr: f64,
     /// Policy-sampled tokens trained on.
     pub tokens: u64,
-    /// Padded tokens through the model.
-    pub padded_tokens: u64,
+    /// Tokens through the model (the rows packed end to end, no padding).
+    pub forward_tokens: u64,
     pub sequences: u64,
     pub micro_batches: u64,
     /// Optimizer updates applied (0 when skipped).
@@ -209,7 +209,7 @@ pub(crate) struct Micro {
     pub(crate) prox: Tensor,
     /// Per-position advantages.
     pub(crate) adv: Tensor,
-    pub(crate) padded: usize,
+    pub(crate) tokens: usize,
 }
 
 impl Micro {
@@ -225,7 +225,7 @@ impl Micro {
     }
 }
 
-pub(crate) fn pad(rows: &[Row], dev: &Device) -> Result<Micro> {
+pub(crate) fn pad(rows: &[&Row], dev: &Device) -> Result<Micro> {
     let t = rows.iter().map(|r| r.tokens.len()).max().unwrap_or(2);
     let b = rows.len();
     let (mut ids, mut att) = (vec![0u32; b * t], vec![0u32; b * t]);
@@ -253,7 +253,7 @@ pub(crate) fn pad(rows: &[Row], dev: &Device) -> Result<Micro> {
         behaviour: tensor(beh)?,
         prox: tensor(prox)?,
         adv: tensor(adv)?,
-        padded: b * t,
+        tokens: rows.iter().map(|r| r.tokens.len()).sum(),
     })
 }
 
@@ -341,7 +341,7 @@ impl Learner {
         }
         m.loss = total.loss / slices.len() as f64;
         m.micro_batches = total.micro_batches;
-        m.padded_tokens = total.padded_tokens;
+        m.forward_tokens = total.forward_tokens;
         m.updates = total.updates;
         m.skipped = total.updates == 0;
         m.skipped_updates = slices.len() as u64 - total.updates;

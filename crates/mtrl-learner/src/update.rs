@@ -1,9 +1,9 @@
 //! One optimizer update over a slice of a step's rows, and the proximal log-probs of decoupled
 //! PPO.
 //!
-//! An update runs the slice in micro-batches of at most `micro_batch_tokens` padded ids, each
-//! normalised by the slice's [`GlobalCounts`] so that the summed gradient is the slice's whatever
-//! the split; then global-norm clipping and one AdamW step. The ratio's denominator is the
+//! An update runs the slice in micro-batches ([`micro_batches`]: rows grouped by length, packed
+//! end to end in the forward), each normalised by the slice's [`GlobalCounts`] so that the summed
+//! gradient is the slice's whatever the split; then global-norm clipping and one AdamW step. The ratio's denominator is the
 //! sampler's log-probs or the proximal ones ([`RatioBase`]); under `Proximal` the sampler enters
 //! as the truncated-IS weight.
 
@@ -33,7 +33,7 @@ pub(crate) struct Totals {
     pub entropy_sum: f64,
     pub norm_sum: f64,
     pub micro_batches: u64,
-    pub padded_tokens: u64,
+    pub forward_tokens: u64,
     pub updates: u64,
     /// Why an update was skipped (the first non-finite loss or gradient norm), if one was.
     pub skip_reason: Option<String>,
@@ -55,7 +55,7 @@ impl Totals {
         self.entropy_sum += o.entropy_sum;
         self.norm_sum += o.norm_sum;
         self.micro_batches += o.micro_batches;
-        self.padded_tokens += o.padded_tokens;
+        self.forward_tokens += o.forward_tokens;
         self.updates += o.updates;
         if self.skip_reason.is_none() {
             self.skip_reason.clone_from(&o.skip_reason);
@@ -79,7 +79,7 @@ impl Totals {
             self.kl_sum,
             self.entropy_sum,
             self.micro_batches as f64,
-            self.padded_tokens as f64,
+            self.forward_tokens as f64,
         ];
         c.all_reduce_f64(&mut v, "update totals")?;
         [
@@ -91,7 +91,7 @@ impl Totals {
             self.entropy_sum,
         ] = [v[0], v[1], v[2], v[3], v[4], v[5]];
         self.micro_batches = v[6] as u64;
-        self.padded_tokens = v[7] as u64;
+        self.forward_tokens = v[7] as u64;
         self.comm.calls += 1;
         self.comm.bytes += std::mem::size_of_val(&v) as u64;
         Ok(())
@@ -117,8 +117,9 @@ pub(crate) fn split_even(n: usize, parts: usize) -> Vec<Range<usize>> {
 /// log-prob positions: the proximal policy of decoupled PPO, fixed for the whole step.
 pub(crate) fn proximal_logprobs(policy: &Policy, rows: &mut [Row], cfg: &StepConfig) -> Result<()> {
     let dev = policy.device().clone();
-    for range in micro_batches(rows, cfg.micro_batch_tokens) {
-        let mb = pad(&rows[range.clone()], &dev)?;
+    for group in micro_batches(rows, cfg.micro_batch_tokens) {
+        let picked: Vec<&Row> = group.iter().map(|&i| &rows[i]).collect();
+        let mb = pad(&picked, &dev)?;
         let lp = token_logprobs_host(
             policy,
             &mb.host(),
@@ -128,7 +129,8 @@ pub(crate) fn proximal_logprobs(policy: &Policy, rows: &mut [Row], cfg: &StepCon
         )?;
         // One read per micro-batch: the proximal log-probs live on the host rows.
         let lp = mtrl_model::host::vec2::<f32>(&lp.logprobs.to_dtype(DType::F32)?)?;
-        for (row, lp) in rows[range].iter_mut().zip(lp) {
+        for (&i, lp) in group.iter().zip(lp) {
+            let row = &mut rows[i];
             row.prox = lp[..row.mask.len()].to_vec();
         }
     }
@@ -169,7 +171,7 @@ impl Learner {
         let acc = cfg.accumulation;
         let comm = self.comm.clone();
         // The split is the single process's; a rank takes every world-th micro-batch of it.
-        for (i, range) in micro_batches(rows, cfg.micro_batch_tokens)
+        for (i, group) in micro_batches(rows, cfg.micro_batch_tokens)
             .into_iter()
             .enumerate()
         {
@@ -178,19 +180,17 @@ impl Learner {
             }
             let shares: Option<Tensor> = segmented
                 .then(|| {
-                    let v: Vec<f32> = rows[range.clone()]
-                        .iter()
-                        .map(|r| r.share() as f32)
-                        .collect();
+                    let v: Vec<f32> = group.iter().map(|&r| rows[r].share() as f32).collect();
                     let n = v.len();
                     Tensor::from_vec(v, (n, 1), &dev)
                 })
                 .transpose()?;
-            let mb = pad(&rows[range], &dev)?;
+            let picked: Vec<&Row> = group.iter().map(|&r| &rows[r]).collect();
+            let mb = pad(&picked, &dev)?;
             let stream = (self.version() << 24) ^ (slice << 12) ^ i as u64;
             self.policy.set_dropout_seed(mtrl_core::rng::mix(stream));
             out.micro_batches += 1;
-            out.padded_tokens += mb.padded as u64;
+            out.forward_tokens += mb.tokens as u64;
             let reference = match &self.reference {
                 Some(r) if cfg.kl_coef > 0.0 => Some(
                     token_logprobs_host(

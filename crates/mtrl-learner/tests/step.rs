@@ -84,15 +84,37 @@ fn flat(l: &Learner) -> Vec<f32> {
         .collect()
 }
 
+/// The largest weight difference of two learners.
+fn weight_gap(a: &Learner, b: &Learner) -> f32 {
+    flat(a)
+        .iter()
+        .zip(&flat(b))
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
+
 #[test]
 fn micro_batching_does_not_change_the_update() {
+    // All rows packed into one micro-batch, a few rows per micro-batch, one row at a time.
     let mut whole = learner(1 << 20, 0.0);
     let mut split = learner(24, 0.0);
+    let mut single = learner(2, 0.0);
     let before = flat(&whole);
     let mw = whole.step(&groups(4)).unwrap();
     let ms = split.step(&groups(4)).unwrap();
+    let m1 = single.step(&groups(4)).unwrap();
     assert_eq!(mw.micro_batches, 1);
     assert!(ms.micro_batches > 3, "{}", ms.micro_batches);
+    assert_eq!(m1.micro_batches, 12);
+    // Packed: the tokens through the model are the rows' own, however they are split.
+    assert_eq!(mw.forward_tokens, m1.forward_tokens);
+    assert!(
+        (mw.loss - m1.loss).abs() < 1e-6,
+        "{} vs {}",
+        mw.loss,
+        m1.loss
+    );
+    assert!(weight_gap(&whole, &single) < 1e-4);
     assert_eq!((mw.tokens, ms.tokens), (mw.tokens, mw.tokens));
     assert!(
         (mw.loss - ms.loss).abs() < 1e-6,
@@ -101,24 +123,35 @@ fn micro_batching_does_not_change_the_update() {
         ms.loss
     );
     assert!(((mw.grad_norm - ms.grad_norm) / mw.grad_norm).abs() < 1e-4);
-    let (a, b) = (flat(&whole), flat(&split));
+    let a = flat(&whole);
     let moved = a.iter().zip(&before).filter(|(x, y)| x != y).count();
     assert!(
         moved > a.len() / 2,
         "the update moved {moved} of {} weights",
         a.len()
     );
-    let diff = a
-        .iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0f32, f32::max);
+    let diff = weight_gap(&whole, &split);
     // Adam's first step moves every weight by about lr·sign(g), so weights whose gradient is
     // float noise differ by a summation-order rounding; 1e-4 = lr / 10 (measured: 2e-5).
     assert!(diff < 1e-4, "max weight difference {diff}");
     assert_eq!(whole.version(), 5);
     assert!(mw.sampler_gap > 0.0 && mw.clip_fraction > 0.0);
     assert_eq!((mw.updates, mw.behaviour_weight), (1, 0.0));
+}
+
+#[test]
+fn activation_checkpointing_does_not_change_the_update() {
+    let mut plain = learner(24, 0.0);
+    let mut ckpt = learner(24, 0.0);
+    ckpt.policy.set_activation_checkpointing(true);
+    let (a, b) = (
+        plain.step(&groups(4)).unwrap(),
+        ckpt.step(&groups(4)).unwrap(),
+    );
+    assert_eq!(a.loss, b.loss);
+    assert!(((a.grad_norm - b.grad_norm) / a.grad_norm).abs() < 1e-6);
+    let gap = weight_gap(&plain, &ckpt);
+    assert!(gap < 1e-6, "max weight difference {gap}");
 }
 
 #[test]

@@ -39,6 +39,10 @@ pub struct BenchOptions {
     /// Rows per forward/backward of the training batch (gradients summed in f32 across them, as
     /// the learner does); 0 = the whole batch at once.
     pub train_micro_batch: usize,
+    /// Rows of decreasing length (row `i` of `train_len · (1 − i / (2·train_batch))` tokens,
+    /// right-padded): the learner's case, where packing skips the padding. Tokens/s count the
+    /// rows' own tokens.
+    pub train_ragged: bool,
     pub repeats: usize,
     /// Which figures to measure (one process per phase gives per-phase peak memory).
     pub prefill: bool,
@@ -55,6 +59,7 @@ impl Default for BenchOptions {
             train_len: 256,
             train_batch: 8,
             train_micro_batch: 0,
+            train_ragged: false,
             repeats: 2,
             prefill: true,
             decode: true,
@@ -91,6 +96,11 @@ pub struct BenchReport {
     pub train_batch: usize,
     pub train_micro_batch: usize,
     pub train_len: usize,
+    /// The rows' own tokens per training batch (`train_batch · train_len` unless ragged).
+    pub train_tokens: usize,
+    pub train_ragged: bool,
+    /// Per-layer activation checkpointing of the training forward.
+    pub train_checkpointing: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub train_tokens_per_s: Option<f64>,
     /// Forward + backward + optimizer step (only with an optimizer hook).
@@ -99,6 +109,10 @@ pub struct BenchReport {
     /// CUDA only: max device-wide used memory seen at the sample points, in MiB (see module doc).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_mem_used_mib: Option<f64>,
+    /// CPU only: this process's peak resident memory over the training phase, in MiB (VmHWM
+    /// after resetting it when the phase starts; the weights and optimizer state included).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub train_peak_rss_mib: Option<f64>,
 }
 
 /// Device-wide used memory in bytes (CUDA only; `None` on CPU or if the driver call fails).
@@ -196,20 +210,39 @@ pub fn run_bench_on(
         }
     }
     let (mut train_tokens_per_s, mut train_step_tokens_per_s) = (None, None);
+    let (tb, tl) = (opts.train_batch, opts.train_len);
+    let lens: Vec<usize> = (0..tb)
+        .map(|i| match opts.train_ragged {
+            true => (tl - i * tl / (2 * tb)).max(2),
+            false => tl,
+        })
+        .collect();
+    let train_tokens: usize = lens.iter().sum();
+    let mut train_peak_rss_mib = None;
     if opts.train {
-        let (tb, tl) = (opts.train_batch, opts.train_len);
         let train_ids = Tensor::from_vec(ids(tb * tl, vocab, 7), (tb, tl), device)?;
+        let att: Vec<u32> = lens
+            .iter()
+            .flat_map(|&l| (0..tl).map(move |j| u32::from(j < l)))
+            .collect();
+        let att = Tensor::from_vec(att, (tb, tl), device)?;
         let mb = match opts.train_micro_batch {
             0 => tb,
             n => n.min(tb),
         };
+        let cpu_peak = device.is_cpu() && mtrl_core::mem::reset_peak_rss();
         let run = |hook: Option<&mut OptimizerHook<'_>>, mem: &mut MemPeak| -> Result<f64> {
             let start = Instant::now();
             let mut acc: BTreeMap<String, Tensor> = BTreeMap::new();
             for r0 in (0..tb).step_by(mb) {
-                let rows = train_ids.narrow(0, r0, mb.min(tb - r0))?;
-                let (_, _, grads) =
-                    logprobs_and_grads(policy, &rows, None, 1.0, |lp| lp.mean_all()?.neg())?;
+                let n = mb.min(tb - r0);
+                let rows = train_ids.narrow(0, r0, n)?;
+                let mask = att.narrow(0, r0, n)?;
+                // Σ log p / tokens: the mean over the rows' own positions.
+                let scale = 1.0 / train_tokens as f64;
+                let (_, _, grads) = logprobs_and_grads(policy, &rows, Some(&mask), 1.0, |lp| {
+                    (lp.sum_all()? * scale)?.neg()
+                })?;
                 mem.sample(device);
                 for (name, var) in policy.named_parameters() {
                     if let Some(g) = grads.get(var) {
@@ -229,11 +262,14 @@ pub fn run_bench_on(
                 device.synchronize()?;
                 mem.sample(device);
             }
-            Ok((tb * tl) as f64 / start.elapsed().as_secs_f64())
+            Ok(train_tokens as f64 / start.elapsed().as_secs_f64())
         };
         train_tokens_per_s = Some(best_of(opts.repeats, || run(None, &mut mem))?);
         if let Some(mut h) = optimizer {
             train_step_tokens_per_s = Some(best_of(opts.repeats, || run(Some(&mut h), &mut mem))?);
+        }
+        if cpu_peak {
+            train_peak_rss_mib = mtrl_core::mem::rss_mb().map(|(peak, _)| peak);
         }
     }
     Ok(BenchReport {
@@ -251,9 +287,13 @@ pub fn run_bench_on(
             n => n.min(opts.train_batch),
         },
         train_len: opts.train_len,
+        train_tokens,
+        train_ragged: opts.train_ragged,
+        train_checkpointing: policy.activation_checkpointing(),
         train_tokens_per_s,
         train_step_tokens_per_s,
         device_mem_used_mib: mem.0.map(|b| b as f64 / (1u64 << 20) as f64),
+        train_peak_rss_mib,
     })
 }
 
@@ -424,6 +464,7 @@ mod phase_tests {
             train_len: 8,
             train_batch: 2,
             train_micro_batch: 0,
+            train_ragged: true,
             repeats: 1,
             prefill: false,
             decode: false,
@@ -435,5 +476,8 @@ mod phase_tests {
         let json = serde_json::to_string(&r).unwrap();
         assert!(!json.contains("prefill_tokens_per_s"), "{json}");
         assert!(json.contains("\"dtype\":\"bf16\""), "{json}");
+        // Ragged rows of 8 and 8 − 8/4 tokens: the figure counts the rows' own tokens.
+        assert_eq!((r.train_tokens, r.train_ragged), (14, true));
+        assert!(r.train_peak_rss_mib.is_some_and(|m| m > 0.0), "{json}");
     }
 }

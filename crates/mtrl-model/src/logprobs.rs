@@ -4,6 +4,11 @@
 //! `mask[b, t] == mask[b, t+1] == 1` (0 elsewhere). `T` is the sampling temperature: this is the
 //! same distribution the generation engine reports its log-probs under (see `engine`).
 //!
+//! Packing: a batch whose rows are right-padded (the learner's) runs packed end to end, without
+//! its padding ([`crate::transformer::VarLen`]); any other mask runs as the padded batch it is.
+//! With [`Policy::set_activation_checkpointing`] a differentiable packed forward keeps only the
+//! layer inputs, and the backward recomputes each layer (`transformer::recompute`).
+//!
 //! Memory: full-vocabulary logits are never held for the whole batch. The decoder runs once with
 //! autograd up to the final hidden states `h` (`[rows, hidden]`, only valid rows kept); the
 //! vocabulary projection + log-softmax run in row chunks of at most `chunk_elems` logits, without
@@ -13,16 +18,29 @@
 //! which yields the true gradient of every parameter (the tied embedding receives both uses).
 
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Tensor, Var, D};
+use candle_core::{DType, Tensor, D};
 
-use crate::cpu::logits::{chunk_grads, dlogits, logits, lse_pick_entropy};
-use crate::cpu::{self, uninit};
+use crate::cpu;
+use crate::cpu::logits::{logits, lse_pick_entropy};
 use crate::error::{ModelError, Result};
 use crate::host;
 use crate::policy::Policy;
+use crate::transformer::{Checkpointed, VarLen};
+
+mod backward;
 
 /// Default budget of logits materialised at once (32 Mi f32 = 128 MiB).
 pub const DEFAULT_CHUNK_ELEMS: usize = 1 << 25;
+
+/// The length of each row when every row is ones then zeros (right padding) and holds a token.
+fn prefix_lengths(mask: &[Vec<u8>]) -> Option<Vec<usize>> {
+    mask.iter()
+        .map(|r| {
+            let l = r.iter().take_while(|&&m| m == 1).count();
+            (l > 0 && r[l..].iter().all(|&m| m == 0)).then_some(l)
+        })
+        .collect()
+}
 
 /// The result of a training forward; call [`TokenLogprobs::backward`] with `dL/dlogp`.
 pub struct TokenLogprobs {
@@ -43,6 +61,10 @@ pub struct TokenLogprobs {
     /// Per chunk, on the CPU fast path: the row log-sum-exps of `z / T` and, while the total stays
     /// within the logits budget, the logits `z` themselves (so backward need not recompute them).
     chunks: Vec<(Vec<f32>, Option<Tensor>)>,
+    /// With activation checkpointing: the layers the backward recomputes.
+    recompute: Option<Checkpointed>,
+    /// The trainable tensors of the view that ran: the gradient store is trimmed to them.
+    params: Vec<Tensor>,
 }
 
 fn chunk_log_softmax(h: &Tensor, w: &Tensor, temperature: f64) -> Result<Tensor> {
@@ -195,8 +217,34 @@ pub fn token_logprobs_host(
         .map(|r| r.iter().map(|&x| u8::from(x != 0)).collect())
         .collect();
     let max_id = batch.ids.iter().copied().max().unwrap_or(0);
-    let ids = Tensor::from_slice(batch.ids, (b, t), &dev)?;
-    let hidden = policy.hidden_rows(model, &ids, max_id, &mask)?;
+    // Right-padded rows (the learner's) run packed, end to end without their padding; any other
+    // mask runs as the padded batch it is. `at[bi]`: where row `bi` starts in `flat`.
+    let lens = prefix_lengths(&mask);
+    let (flat, at, recompute) = match lens {
+        Some(lens) => {
+            let packed: Vec<u32> = batch
+                .ids
+                .chunks(t)
+                .zip(&lens)
+                .flat_map(|(r, &l)| r[..l].iter().copied())
+                .collect();
+            let varlen = VarLen::new(&lens, policy.dtype(), &dev)?;
+            let (h, rc) = policy.hidden_packed(model, &packed, max_id, varlen, differentiable)?;
+            let mut at = Vec::with_capacity(b);
+            lens.iter().fold(0, |off, &l| {
+                at.push(off);
+                off + l
+            });
+            (h, at, rc)
+        }
+        None => {
+            let ids = Tensor::from_slice(batch.ids, (b, t), &dev)?;
+            let hidden = policy.hidden_rows(model, &ids, max_id, &mask)?;
+            let hsize = hidden.dim(D::Minus1)?;
+            let at = (0..b).map(|bi| bi * t).collect();
+            (hidden.reshape((b * t, hsize))?, at, None)
+        }
+    };
     let mut rows = Vec::new();
     let mut targets = Vec::new();
     let mut valid = vec![0f32; b * (t - 1)];
@@ -210,13 +258,14 @@ pub fn token_logprobs_host(
             }
         }
     }
-    let hsize = hidden.dim(D::Minus1)?;
-    let flat = hidden.reshape((b * t, hsize))?;
-    let row_idx = Tensor::from_slice(&rows, rows.len(), &dev)?;
+    let sel: Vec<u32> = rows
+        .iter()
+        .map(|&r| (at[r as usize / t] + r as usize % t) as u32)
+        .collect();
     let hidden = if rows.is_empty() {
         flat.narrow(0, 0, 0)?
     } else {
-        flat.index_select(&row_idx, 0)?
+        flat.index_select(&Tensor::from_vec(sel, rows.len(), &dev)?, 0)?
     };
     let lm_head = model.lm_head().clone();
     let vocab = lm_head.dim(0)?;
@@ -288,164 +337,16 @@ pub fn token_logprobs_host(
         chunk_rows,
         shape: (b, t),
         chunks,
+        recompute,
+        params: model.parameters(),
     })
 }
 
 impl TokenLogprobs {
-    /// The value of `loss_fn` of these log-probs (a `[b, t_len - 1]` tensor that records
-    /// gradients; a scalar loss) and the parameter gradients through it. Requires a forward with
-    /// `differentiable = true`.
-    ///
-    /// The loss comes back as a detached f32 scalar on the device: reading it is the caller's
-    /// choice (the learner reads it with its other diagnostics, once per micro-batch).
-    pub fn loss_and_grads(
-        &self,
-        loss_fn: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
-    ) -> Result<(Tensor, GradStore)> {
-        let lp = Var::from_tensor(&self.logprobs)?;
-        let loss = loss_fn(lp.as_tensor())?;
-        let g = match loss.backward()?.get(lp.as_tensor()) {
-            Some(g) => g.clone(),
-            None => lp.as_tensor().zeros_like()?,
-        };
-        Ok((loss.detach().to_dtype(DType::F32)?, self.backward(&g)?))
-    }
-
-    /// Gradients of every parameter given `grad` = dL/dlogp `[b, t_len - 1]` (invalid entries are
-    /// ignored). Requires a forward with `differentiable = true`.
-    pub fn backward(&self, grad: &Tensor) -> Result<GradStore> {
-        let (b, t) = self.shape;
-        if grad.dims() != [b, t - 1] {
-            return Err(ModelError::InvalidArgument(format!(
-                "gradient has shape {:?}, expected [{b}, {}]",
-                grad.dims(),
-                t - 1
-            )));
-        }
-        let dev = self.hidden.device().clone();
-        // dL/dlogp at the computed rows, in `rows` order, gathered on the device.
-        let g_rows = if self.rows.is_empty() {
-            None
-        } else {
-            let at: Vec<u32> = self
-                .rows
-                .iter()
-                .map(|&r| ((r as usize / t) * (t - 1) + r as usize % t) as u32)
-                .collect();
-            let at = Tensor::from_vec(at, self.rows.len(), &dev)?;
-            let g = grad.to_dtype(DType::F32)?.to_device(&dev)?.flatten_all()?;
-            Some(g.index_select(&at, 0)?)
-        };
-        let wd = self.lm_head.detach();
-        let hd = self.hidden.detach();
-        let wdt = wd.dtype();
-        let vocab = wd.dim(0)?;
-        let fast = cpu::handles(wd.device(), wd.dtype())
-            && self.chunks.len() == self.rows.len().div_ceil(self.chunk_rows);
-        let inv_t = (1.0 / self.temperature) as f32;
-        let hs = hd.dim(1)?;
-        // CPU fast path: the products write into these (dh rows in chunk order, dw accumulated).
-        // A frozen head (LoRA) gets no gradient: only the hidden states' is computed.
-        let head_grad = self.lm_head.track_op();
-        // The CPU kernels take the gradient as a host slice (a copy: this is the CPU).
-        let g_host = match (&g_rows, fast) {
-            (Some(g), true) => host::vec1::<f32>(g)?,
-            _ => Vec::new(),
-        };
-        let (mut dh_buf, mut dw_buf) = if fast {
-            let dw = if head_grad {
-                vec![0f32; vocab * hs]
-            } else {
-                Vec::new()
-            };
-            (uninit(self.rows.len() * hs), dw)
-        } else {
-            (Vec::new(), Vec::new())
-        };
-        let mut dh_chunks = Vec::new();
-        let mut dw: Option<Tensor> = None;
-        let mut start = 0;
-        let mut ci = 0;
-        while start < self.rows.len() {
-            let n = self.chunk_rows.min(self.rows.len() - start);
-            let hc = hd.narrow(0, start, n)?;
-            if fast {
-                let (lse, z) = &self.chunks[ci];
-                let z = match z {
-                    Some(z) => z.clone(),
-                    None => logits(&hc, &wd)?,
-                };
-                let tg = &self.targets[start..start + n];
-                let dz = dlogits(&z, lse, tg, &g_host[start..start + n], inv_t)?;
-                let dh = &mut dh_buf[start * hs..(start + n) * hs];
-                chunk_grads(&dz, &wd, &hc, dh, &mut dw_buf, ci > 0)?;
-            } else {
-                // dz = g · (onehot − p) / T: −g·p/T everywhere, then + g/T at each target
-                // (a scatter along the vocabulary, parallel over rows; no one-hot is built).
-                let p = chunk_log_softmax(&hc, &wd, self.temperature)?.exp()?;
-                let tgt = Tensor::from_slice(&self.targets[start..start + n], (n, 1), &dev)?;
-                let Some(g) = &g_rows else { break };
-                let g = (g.narrow(0, start, n)?.unsqueeze(1)? / self.temperature)?;
-                let dz = p.broadcast_mul(&g.neg()?)?.scatter_add(&tgt, &g, 1)?;
-                let dz_w = dz.to_dtype(wdt)?;
-                dh_chunks.push(dz_w.matmul(&wd)?);
-                if head_grad {
-                    // In the weights' dtype (bf16 on a GPU: tensor cores, f32 accumulation, as
-                    // PyTorch's autocast does), summed over chunks in f32.
-                    let dwc = dz_w.t()?.matmul(&hc)?.to_dtype(DType::F32)?;
-                    dw = Some(match dw {
-                        None => dwc,
-                        Some(acc) => (acc + dwc)?,
-                    });
-                }
-            }
-            start += n;
-            ci += 1;
-        }
-        if fast {
-            if head_grad {
-                dw = Some(Tensor::from_vec(dw_buf, (vocab, hs), &dev)?);
-            }
-            if !self.rows.is_empty() {
-                dh_chunks.push(Tensor::from_vec(dh_buf, (self.rows.len(), hs), &dev)?);
-            }
-        }
-        let surrogate = self.surrogate(head_grad, dw, &dh_chunks, &dev)?;
-        Ok(surrogate.backward()?)
-    }
-
-    /// `Σ lm_head·dW + Σ hidden·dh` (each factor detached but the parameter side): its backward
-    /// hands the gradients on to the graph. Without a head gradient (frozen head) only the hidden
-    /// term.
-    fn surrogate(
-        &self,
-        head_grad: bool,
-        dw: Option<Tensor>,
-        dh_chunks: &[Tensor],
-        dev: &candle_core::Device,
-    ) -> Result<Tensor> {
-        let mut out = if head_grad {
-            let head = self.lm_head.to_dtype(DType::F32)?;
-            let dw = match dw {
-                Some(dw) => dw,
-                None => Tensor::zeros(head.dims(), DType::F32, dev)?,
-            };
-            Some((head * dw)?.sum_all()?)
-        } else {
-            None
-        };
-        if !dh_chunks.is_empty() {
-            let dh = Tensor::cat(dh_chunks, 0)?.detach();
-            let sh = (self.hidden.to_dtype(DType::F32)? * dh.to_dtype(DType::F32)?)?.sum_all()?;
-            out = Some(match out {
-                Some(s) => (s + sh)?,
-                None => sh,
-            });
-        }
-        Ok(match out {
-            Some(s) => s,
-            None => Tensor::zeros((), DType::F32, dev)?,
-        })
+    /// Whether the backward recomputes the decoder layer by layer (activation checkpointing: a
+    /// differentiable forward of packed rows by a policy with it on).
+    pub fn recomputes_layers(&self) -> bool {
+        self.recompute.is_some()
     }
 }
 

@@ -44,6 +44,8 @@ pub struct Policy {
     infer: Transformer,
     train: Transformer,
     source_dir: Option<PathBuf>,
+    /// Activation checkpointing of the packed training forward (see `transformer::recompute`).
+    checkpoint_layers: bool,
 }
 
 /// The HF names and shapes of every parameter of `cfg`.
@@ -185,6 +187,7 @@ impl Policy {
             infer,
             train,
             source_dir: None,
+            checkpoint_layers: false,
         })
     }
 
@@ -243,6 +246,18 @@ impl Policy {
     /// The output projection as a tensor of its `Var` (the embedding when tied).
     pub fn lm_head(&self) -> &Tensor {
         self.train.lm_head()
+    }
+
+    /// Activation checkpointing per layer for training forwards of packed rows (transformers'
+    /// `gradient_checkpointing_enable`): only each layer's input is kept, and the backward
+    /// recomputes one layer at a time. Same gradients, less memory, one more decoder forward.
+    pub fn set_activation_checkpointing(&mut self, on: bool) {
+        self.checkpoint_layers = on;
+    }
+
+    /// Whether [`Self::set_activation_checkpointing`] is on.
+    pub fn activation_checkpointing(&self) -> bool {
+        self.checkpoint_layers
     }
 
     /// Logits for every position of a padded batch: `ids` `[b, t]`; `attention_mask` `[b, t]`

@@ -35,10 +35,14 @@ use rope::Rope;
 pub(crate) mod backend;
 pub(crate) mod lora;
 pub mod paged;
+mod recompute;
 mod rope;
 mod step_meta;
+pub mod varlen;
 
 pub(crate) use lora::LoraPair;
+pub(crate) use recompute::{leaves_only, Checkpointed};
+pub use varlen::VarLen;
 
 /// Weight lookup used while building the model: `(HF name, expected shape)` → tensor.
 pub type WeightFn<'a> = dyn Fn(&str, &[usize]) -> crate::error::Result<Tensor> + 'a;
@@ -107,11 +111,29 @@ impl Attention {
         x: &Tensor,
         rope: &Angles,
     ) -> Result<(Tensor, Tensor, Tensor)> {
-        let (b, t, _) = x.dims3()?;
+        let (q, k, v) = (
+            be.linear(x, &self.q)?,
+            be.linear(x, &self.k)?,
+            be.linear(x, &self.v)?,
+        );
+        self.heads_of(be, &q, &k, &v, rope)
+    }
+
+    /// The q, k, v products `[b, t, heads · d]`, `[b, t, kv · d]` twice, split into heads, with
+    /// norms and RoPE applied (see [`Self::qkv`]).
+    pub(crate) fn heads_of(
+        &self,
+        be: &dyn Backend,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        rope: &Angles,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let (b, t, _) = q.dims3()?;
         let (hd, kv) = (self.head_dim, self.kv_heads);
-        let q = be.linear(x, &self.q)?.reshape((b, t, self.heads, hd))?;
-        let k = be.linear(x, &self.k)?.reshape((b, t, kv, hd))?;
-        let v = be.linear(x, &self.v)?.reshape((b, t, kv, hd))?;
+        let q = q.reshape((b, t, self.heads, hd))?;
+        let k = k.reshape((b, t, kv, hd))?;
+        let v = v.reshape((b, t, kv, hd))?;
         let q = match &self.q_norm {
             Some(w) => be.rms_norm(&q, w, self.eps)?,
             None => q,
@@ -163,6 +185,23 @@ struct Layer {
     mlp: Mlp,
     input_ln: Tensor,
     post_ln: Tensor,
+}
+
+impl Layer {
+    /// Every weight tensor of the layer (adapters included).
+    fn parameters(&self) -> Vec<Tensor> {
+        let (a, m) = (&self.attn, &self.mlp);
+        let mut out = vec![self.input_ln.clone(), self.post_ln.clone()];
+        out.extend(a.q_norm.iter().chain(&a.k_norm).cloned());
+        for lin in [&a.q, &a.k, &a.v, &a.o, &m.gate, &m.up, &m.down] {
+            out.push(lin.w.clone());
+            out.extend(lin.b.iter().cloned());
+            if let Some(p) = &lin.lora {
+                out.extend([p.a.clone(), p.b.clone()]);
+            }
+        }
+        out
+    }
 }
 
 /// The decoder with its weights. Cheap to clone (tensors are reference counted).
@@ -275,6 +314,17 @@ impl Transformer {
             lora: None,
         };
         self.be.linear(hidden, &head)
+    }
+
+    /// The trainable tensors of this view (the `Var`s among its weights): what a backward's
+    /// gradient store is trimmed to ([`leaves_only`]).
+    pub(crate) fn parameters(&self) -> Vec<Tensor> {
+        let mut out = vec![self.embed.clone(), self.lm_head.clone(), self.norm.clone()];
+        for l in &self.layers {
+            out.extend(l.parameters());
+        }
+        out.retain(|t| t.is_variable());
+        out
     }
 
     /// The MLP half of layer `l` with its residual.

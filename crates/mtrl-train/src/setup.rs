@@ -97,7 +97,7 @@ pub fn seeded_random(
 pub fn initial_policy(cfg: &Config, parts: &ModelParts) -> Result<Policy> {
     let m = cfg.model()?;
     let (dtype, dev, seed) = (parts.dtype, &parts.device, cfg.train.seed);
-    let p = match &m.source {
+    let mut p = match &m.source {
         ModelSource::Dir(d) => Policy::load(d, dtype, dev)
             .with_context(|| format!("loading the policy from {}", d.display()))?,
         ModelSource::RandomPreset(_) => {
@@ -111,6 +111,7 @@ pub fn initial_policy(cfg: &Config, parts: &ModelParts) -> Result<Policy> {
         }
     };
     parts.tokenizer.check_vocab(p.config().vocab_size)?;
+    p.set_activation_checkpointing(cfg.train.activation_checkpointing);
     match &cfg.lora {
         // A fresh adapter (B = 0: the policy starts as the base), drawn from the run's seed.
         Some(l) if l.init.is_none() => Ok(p.with_lora(lora_spec(l), None, seed)?),

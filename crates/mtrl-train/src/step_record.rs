@@ -65,7 +65,7 @@ pub fn step_record(
         0.0
     };
     let learner_tps = if m.learn_s > 0.0 {
-        m.padded_tokens as f64 / m.learn_s
+        m.forward_tokens as f64 / m.learn_s
     } else {
         0.0
     };

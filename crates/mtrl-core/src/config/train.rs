@@ -13,7 +13,10 @@
 //! weight_decay_exclude = []   # any of "norms", "biases", "embeddings" (HF Trainer: the first two)
 //! grad_clip = 1.0             # 0 = off
 //! seed = 0
-//! micro_batch_tokens = 8192   # padded tokens per forward/backward
+//! micro_batch_tokens = 8192   # rows × longest row per forward/backward (rows grouped by
+//!                             # length; the forward runs them packed, without padding)
+//! activation_checkpointing = false  # keep only each layer's input; the backward recomputes
+//!                             # the layer (same gradients, ~1/3 more arithmetic, far less memory)
 //! grad_accumulation = "f32"   # dtype micro-batch gradients are summed in; "f64" (CPU) makes the
 //!                             # sum exact in any order, so N data-parallel ranks give one
 //!                             # process's weights bit for bit; the NCCL all-reduce
@@ -51,6 +54,7 @@ pub struct TrainSpec {
     pub grad_clip: Option<f64>,
     pub seed: Option<u64>,
     pub micro_batch_tokens: Option<usize>,
+    pub activation_checkpointing: Option<bool>,
     pub grad_accumulation: Option<String>,
     pub val_every: Option<u64>,
     pub val_tasks: Option<usize>,
@@ -89,6 +93,8 @@ pub struct TrainConfig {
     pub grad_clip: f64,
     pub seed: u64,
     pub micro_batch_tokens: usize,
+    /// Per-layer activation checkpointing of every training forward of the run.
+    pub activation_checkpointing: bool,
     /// `f32` or `f64`: the dtype micro-batch gradients are summed in.
     pub grad_accumulation: String,
     /// 0 = no validation during training.
@@ -119,6 +125,7 @@ impl Default for TrainConfig {
             grad_clip: 1.0,
             seed: 0,
             micro_batch_tokens: 8192,
+            activation_checkpointing: false,
             grad_accumulation: "f32".into(),
             val_every: 0,
             val_tasks: 0,
@@ -225,6 +232,9 @@ impl TrainSpec {
                 2,
                 1 << 30,
             )?,
+            activation_checkpointing: self
+                .activation_checkpointing
+                .unwrap_or(d.activation_checkpointing),
             grad_accumulation: match self.grad_accumulation.as_deref() {
                 None => d.grad_accumulation,
                 Some(a @ ("f32" | "f64")) => a.to_string(),

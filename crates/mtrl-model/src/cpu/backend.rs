@@ -8,7 +8,8 @@
 //! - masked attention: [`MaskedAttention`]; unmasked (one query row) attention: candle;
 //! - SwiGLU: [`swiglu::SwiGlu`];
 //! - training only: the MLP over one packed gate/up product ([`swiglu::SwiGluPacked`]) and the
-//!   self-attention over one packed q/k/v product ([`packed`]);
+//!   self-attention over one packed q/k/v product ([`packed`]), of a padded batch or of packed rows
+//!   ([`crate::transformer::VarLen`]);
 //! - inference only: the decode attention over all caches at once ([`decode`]), and over the
 //!   engine's paged store ([`paged`]).
 
@@ -20,6 +21,7 @@ use crate::kv_cache::KvCache;
 use crate::transformer::backend::{Backend, Candle};
 use crate::transformer::lora;
 use crate::transformer::paged::{decode_gathered, DecodeTable};
+use crate::transformer::varlen::{padded_attention, VarLen};
 use crate::transformer::{decode_per_sequence, Angles, Attention, Linear, Mlp};
 
 /// The CPU f32 kernels (see the module docs).
@@ -135,6 +137,20 @@ impl Backend for CpuF32 {
             return a.forward(self, x, rope, mask);
         }
         let out = packed::self_attention(a, x, rope, mask)?;
+        self.linear(&out, &a.o)
+    }
+
+    fn varlen_self_attention(
+        &self,
+        a: &Attention,
+        x: &Tensor,
+        rope: &Angles,
+        v: &VarLen,
+    ) -> Result<Tensor> {
+        if !self.packed_attention {
+            return padded_attention(self, a, x, rope, v);
+        }
+        let out = packed::varlen_self_attention(a, x, rope, v)?;
         self.linear(&out, &a.o)
     }
 

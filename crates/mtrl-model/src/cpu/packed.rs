@@ -15,6 +15,7 @@ use super::gemm::uninit;
 use super::linear::Linear;
 use super::pool::{for_units, SharedPtr};
 use super::storage::{slice, with2, with3};
+use crate::transformer::VarLen;
 
 /// The training self-attention of `a` over normed `h` `[b, t, hidden]` under `mask`, before
 /// `o_proj`: one product with the concatenated q/k/v weights, one [`QkvPrep`] node, one
@@ -25,6 +26,34 @@ pub(crate) fn self_attention(
     rope: &crate::transformer::Angles,
     mask: &Tensor,
 ) -> Result<Tensor> {
+    attend(a, &prep(a, h, rope)?, mask)
+}
+
+/// Packed rows ([`VarLen`]) `h` `[1, T, hidden]`: the q/k/v product over the packed tokens,
+/// spread to the padded layout for [`QkvPrep`] (`rope`: that layout's angles) and the attention,
+/// gathered back. Returns `[1, T, heads · d]`, before `o_proj`.
+pub(crate) fn varlen_self_attention(
+    a: &crate::transformer::Attention,
+    h: &Tensor,
+    rope: &crate::transformer::Angles,
+    v: &VarLen,
+) -> Result<Tensor> {
+    let p = prep_heads(a, &v.spread(&product(a, h)?)?, rope)?;
+    v.gather(&attend(a, &p, v.mask()?)?)
+}
+
+/// The q/k/v product of normed `h` `[b, t, hidden]` with norms and RoPE applied, head-major:
+/// `[b, heads + 2·kv, t, d]`.
+fn prep(
+    a: &crate::transformer::Attention,
+    h: &Tensor,
+    rope: &crate::transformer::Angles,
+) -> Result<Tensor> {
+    prep_heads(a, &product(a, h)?, rope)
+}
+
+/// `h · [q; k; v]ᵀ` (+ LoRA deltas and biases): `[b, t, (heads + 2·kv)·d]`.
+fn product(a: &crate::transformer::Attention, h: &Tensor) -> Result<Tensor> {
     let w = Tensor::cat(&[&a.q.w, &a.k.w, &a.v.w], 0)?;
     let mut qkv = h.contiguous()?.apply_op2(&w, Linear)?;
     let parts = [&a.q, &a.k, &a.v];
@@ -34,6 +63,15 @@ pub(crate) fn self_attention(
     if let (Some(qb), Some(kb), Some(vb)) = (&a.q.b, &a.k.b, &a.v.b) {
         qkv = qkv.broadcast_add(&Tensor::cat(&[qb, kb, vb], 0)?)?;
     }
+    Ok(qkv)
+}
+
+/// [`QkvPrep`] of a q/k/v product `[b, t, (heads + 2·kv)·d]` under `rope` (`[b, t, d/2]`).
+fn prep_heads(
+    a: &crate::transformer::Attention,
+    qkv: &Tensor,
+    rope: &crate::transformer::Angles,
+) -> Result<Tensor> {
     let d = a.head_dim;
     let norms = match (&a.q_norm, &a.k_norm) {
         (Some(qn), Some(kn)) => Some(Tensor::cat(&[qn, kn], 0)?),
@@ -50,10 +88,14 @@ pub(crate) fn self_attention(
     };
     let norms = match norms {
         Some(n) => n,
-        None => Tensor::ones(2 * d, DType::F32, h.device())?,
+        None => Tensor::ones(2 * d, DType::F32, qkv.device())?,
     };
-    let p = qkv.contiguous()?.apply_op2(&norms, prep)?;
-    let scale = (1.0 / (d as f64).sqrt()) as f32;
+    qkv.contiguous()?.apply_op2(&norms, prep)
+}
+
+/// [`PackedAttention`] of a prepared `[b, heads + 2·kv, t, d]` buffer under `mask`.
+fn attend(a: &crate::transformer::Attention, p: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    let scale = (1.0 / (a.head_dim as f64).sqrt()) as f32;
     p.apply_op1(PackedAttention {
         heads: a.heads,
         kv: a.kv_heads,

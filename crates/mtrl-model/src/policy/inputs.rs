@@ -7,7 +7,7 @@ use candle_core::{DType, Tensor};
 
 use super::Policy;
 use crate::error::{ModelError, Result};
-use crate::transformer::Transformer;
+use crate::transformer::{Checkpointed, Transformer, VarLen};
 
 impl Policy {
     /// Hidden states of `model` for a padded batch, plus the mask as rows of 0/1.
@@ -84,5 +84,35 @@ impl Policy {
             .unsqueeze(0)?
             .repeat((b, 1))?;
         Ok(model.forward_hidden(ids, &positions, Some(mask))?)
+    }
+
+    /// Final-normed hidden states `[T, hidden]` of packed rows (the ids of all rows end to end,
+    /// largest `max_id`; `varlen` their lengths), and, with activation checkpointing on in the
+    /// training view, what the backward must recompute.
+    pub(crate) fn hidden_packed(
+        &self,
+        model: &Transformer,
+        ids: &[u32],
+        max_id: u32,
+        varlen: VarLen,
+        differentiable: bool,
+    ) -> Result<(Tensor, Option<Checkpointed>)> {
+        let longest = varlen.max_len();
+        if longest > model.max_positions() {
+            return Err(ModelError::ContextOverflow {
+                len: longest,
+                max: model.max_positions(),
+            });
+        }
+        self.check_ids(max_id)?;
+        let n = varlen.tokens();
+        let ids = Tensor::from_slice(ids, (1, n), &self.device)?;
+        let (hidden, ckpt) = if differentiable && self.checkpoint_layers {
+            let (h, c) = model.forward_varlen_checkpointed(&ids, std::sync::Arc::new(varlen))?;
+            (h, Some(c))
+        } else {
+            (model.forward_varlen(&ids, &varlen)?, None)
+        };
+        Ok((hidden.squeeze(0)?, ckpt))
     }
 }

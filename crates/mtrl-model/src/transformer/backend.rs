@@ -18,6 +18,7 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Result, Tensor, D};
 
 use super::paged::{self, DecodeTable};
+use super::varlen::{self, VarLen};
 use super::{decode_per_sequence, lora, Angles, Attention, Linear, Mlp};
 use crate::host;
 use crate::kv_cache::KvCache;
@@ -57,6 +58,16 @@ pub(crate) trait Backend: fmt::Debug + Send + Sync {
         x: &Tensor,
         rope: &Angles,
         mask: &Tensor,
+    ) -> Result<Tensor>;
+
+    /// Self-attention of normed packed rows `x` `[1, T, hidden]` (`v`: the rows; `rope`: their
+    /// tokens' angles), through `o_proj` (spelled out: [`varlen::padded_attention`]).
+    fn varlen_self_attention(
+        &self,
+        a: &Attention,
+        x: &Tensor,
+        rope: &Angles,
+        v: &VarLen,
     ) -> Result<Tensor>;
 
     /// One decode step's attention of layer `li`: row `i` of `k`, `v` (`[n, kv, 1, d]`) joins
@@ -199,6 +210,16 @@ impl Backend for Candle {
         mask: &Tensor,
     ) -> Result<Tensor> {
         a.forward(self, x, rope, mask)
+    }
+
+    fn varlen_self_attention(
+        &self,
+        a: &Attention,
+        x: &Tensor,
+        rope: &Angles,
+        v: &VarLen,
+    ) -> Result<Tensor> {
+        varlen::padded_attention(self, a, x, rope, v)
     }
 
     fn decode_attention(

@@ -14,6 +14,7 @@ pub(crate) struct Rope {
 }
 
 /// cos/sin rows of one forward's positions, `[b, t, head_dim / 2]` each (contiguous).
+#[derive(Debug, Clone)]
 pub(crate) struct Angles {
     pub cos: Tensor,
     pub sin: Tensor,
