@@ -11,8 +11,8 @@
 #      all carried by the repository; small group / batch / turns so it stays near a minute;
 #      then `mtrl bench train --lora`: LoRA (rank 32) against full fine-tuning on the same shape,
 #      one row of 2,048 tokens, with the phase's peak GPU memory;
-#      and, after the PyTorch training peer, the learner with activation checkpointing: the
-#      [8, 2048] step with all 8 rows in one forward, and one 16,384-token row;
+#      and, after the engine bench, the learner with activation checkpointing: the [8, 2048]
+#      step with all 8 rows in one forward, and one 16,384-token row;
 #   4. `mtrl bench engine`: 64 four-call episodes (150-token tool responses) on the paged engine
 #      and on the legacy one, side by side (episodes/s ratio, KV-reuse factor);
 #   5. bench/torch_ref.py, the same workload with transformers (bf16 `generate` with KV cache;
@@ -349,13 +349,13 @@ for i in "${!BATCH_LIST[@]}"; do
 done
 run torch-gen "$OUTDIR/torch-gen.jsonl" 120 "${TORCH_GEN[@]}"
 run torch-train "$OUTDIR/torch-train.jsonl" 90 "${TORCH_TRAIN_AMP[@]}"
-run mtrl-train-ckpt "$OUTDIR/mtrl-train-ckpt.json" 90 "${BENCH_TRAIN_CKPT[@]}"
-run mtrl-train-long "$OUTDIR/mtrl-train-long.json" 120 "${BENCH_TRAIN_LONG[@]}"
 if (( LAST > 0 )); then
   b="${BATCH_LIST[$LAST]}"
   run "mtrl-decode-$b" "$OUTDIR/mtrl-decode-$b.json" 150 "${BENCH_DECODE[@]}" "$b" --phases decode
 fi
 run mtrl-engine "$OUTDIR/mtrl-engine.json" 120 "${BENCH_ENGINE[@]}"
+run mtrl-train-ckpt "$OUTDIR/mtrl-train-ckpt.json" 90 "${BENCH_TRAIN_CKPT[@]}"
+run mtrl-train-long "$OUTDIR/mtrl-train-long.json" 120 "${BENCH_TRAIN_LONG[@]}"
 run torch-train-bf16 "$OUTDIR/torch-train-bf16.jsonl" 60 "${TORCH_TRAIN_BF16[@]}"
 cat "$OUTDIR/torch-train-bf16.jsonl" >>"$OUTDIR/torch-train.jsonl" 2>/dev/null || true
 

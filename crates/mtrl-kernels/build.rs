@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 /// The `src/*.cu` files, each compiled to `$OUT_DIR/<name>.ptx`.
-const KERNELS: &[&str] = &["kv_write"];
+const KERNELS: &[&str] = &["kv_write", "paged_decode"];
 
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");

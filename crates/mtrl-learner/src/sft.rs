@@ -2,9 +2,9 @@
 //! teacher-forced conversations, with the same chunked log-probs, gradient clipping and AdamW as
 //! the RL step.
 //!
-//! Loss: `−Σ mask·log p / Σ mask` over the whole batch (token mean), computed in micro-batches of
-//! of at most `micro_batch_tokens` rows × longest row ([`crate::batch::micro_batches`]) whose gradients are summed, so the update does not
-//! depend on how the batch was split.
+//! Loss: `−Σ mask·log p / Σ mask` over the whole batch (token mean), computed in micro-batches
+//! of at most `micro_batch_tokens` rows × longest row ([`crate::batch::micro_batches`]) whose
+//! gradients are summed, so the update does not depend on how the batch was split.
 
 use std::collections::BTreeMap;
 

@@ -3,9 +3,9 @@
 //!
 //! An update runs the slice in micro-batches ([`micro_batches`]: rows grouped by length, packed
 //! end to end in the forward), each normalised by the slice's [`GlobalCounts`] so that the summed
-//! gradient is the slice's whatever the split; then global-norm clipping and one AdamW step. The ratio's denominator is the
-//! sampler's log-probs or the proximal ones ([`RatioBase`]); under `Proximal` the sampler enters
-//! as the truncated-IS weight.
+//! gradient is the slice's whatever the split; then global-norm clipping and one AdamW step. The
+//! ratio's denominator is the sampler's log-probs or the proximal ones ([`RatioBase`]); under
+//! `Proximal` the sampler enters as the truncated-IS weight.
 
 use std::collections::BTreeMap;
 use std::ops::Range;

@@ -40,6 +40,7 @@ pub mod kv_pool;
 mod kv_write;
 pub mod logprobs;
 pub mod lora;
+pub mod paged_decode;
 pub mod policy;
 pub mod sampler;
 pub mod tokenizer;

@@ -160,8 +160,9 @@ pub fn run(
     let tok = Arc::new(Tokenizer::from_dir(base)?);
     let codec = Arc::new(TemplateCodec::qwen(tok)?);
     let device = mtrl_model::parse_device("cpu")?;
-    let policy = Policy::load(base, DType::F32, &device)
+    let mut policy = Policy::load(base, DType::F32, &device)
         .with_context(|| format!("loading the base policy from {}", base.display()))?;
+    policy.set_activation_checkpointing(cfg.train.activation_checkpointing);
     let mut selection = Selection::new(cfg, codec.clone(), &policy)?;
     let mut examples = sft::examples(codec.as_ref(), tools, &kept, false)?;
     // Exactly `steps` batches: the first few kept episodes repeat to fill the last one.

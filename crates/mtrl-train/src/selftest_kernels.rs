@@ -1,6 +1,6 @@
 //! `mtrl selftest`'s checks of mtrl's own kernels against their twins, on the selftest's device:
-//! on a GPU the CUDA kernel against the candle spelling it replaced (bit for bit), on the CPU the
-//! CPU twin against the same spelling. Also: no op ran on zero elements during the selftest.
+//! on a GPU the CUDA kernel against the candle spelling it replaced (the KV write bit for bit, the
+//! paged decode attention within rounding), on the CPU the CPU twin against the same spelling. Also: no op ran on zero elements during the selftest.
 
 use candle_core::{DType, Device, Tensor};
 use mtrl_model::kv_pool::{write_index, KvPool, SeqBlocks, BLOCK};
@@ -18,6 +18,15 @@ pub(crate) fn checks(dev: &Device) -> Result<Vec<(String, String, bool, Value)>>
             format!("{dtype:?}").to_lowercase(),
             d == 0.0,
             json!({"max_abs_diff": d, "tol": 0.0}),
+        ));
+    }
+    for (dtype, tol) in [(DType::BF16, 5e-2f32), (DType::F32, 1e-4)] {
+        let d = mtrl_model::paged_decode::check_against_gathered(dev, dtype)?;
+        out.push((
+            "paged-decode kernel ≈ gathered attention".to_string(),
+            format!("{dtype:?}").to_lowercase(),
+            d < tol,
+            json!({"max_abs_diff": d, "tol": tol}),
         ));
     }
     Ok(out)

@@ -242,6 +242,11 @@ impl Backend for Candle {
         table: &DecodeTable,
     ) -> Result<Tensor> {
         host::nonempty(q, "paged decode attention");
+        // On a GPU: the kernel that reads the pool in place (no padded copy of every row's keys
+        // and values); elsewhere, and for shapes it does not take, the gather spelling.
+        if !self.differentiable && crate::paged_decode::serves(q, k_pool) {
+            return crate::paged_decode::attend(q, k_pool, v_pool, kv, table);
+        }
         paged::decode_gathered(self, q, k_pool, v_pool, kv, table)
     }
 }

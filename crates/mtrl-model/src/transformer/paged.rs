@@ -118,6 +118,22 @@ impl DecodeTable {
     }
 }
 
+impl DecodeTable {
+    /// The gather index `[n · kv · max_len]` (pool rows) and the lengths `[n]` u32 on the device:
+    /// the step's upload when there is one, else built here.
+    pub(crate) fn index_and_lens(&self, kv: usize) -> Result<(Tensor, Tensor)> {
+        if let Some((i, l, _)) = &self.packed {
+            return Ok((i.clone(), l.clone()));
+        }
+        let lens: Vec<u32> = self.lens.iter().map(|&l| l as u32).collect();
+        let n = lens.len();
+        Ok((
+            gather_index(&self.slots, n, kv, &self.device)?,
+            Tensor::from_vec(lens, n, &self.device)?,
+        ))
+    }
+}
+
 /// Keys or values at a [`gather_index`] (`[m · kv · s]`) from a pool buffer, as `[m, kv, s, d]`.
 pub(crate) fn gather_heads(pool: &Tensor, idx: &Tensor, m: usize, kv: usize) -> Result<Tensor> {
     host::nonempty(idx, "key/value gather");

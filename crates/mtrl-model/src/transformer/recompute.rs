@@ -31,8 +31,8 @@ pub(crate) struct Checkpointed {
     ids: Tensor,
     rope: Angles,
     varlen: Arc<VarLen>,
-    /// Each layer's input (no graph).
-    inputs: Vec<Tensor>,
+    /// Each layer's input (no graph); `None` below the lowest layer the backward reaches.
+    inputs: Vec<Option<Tensor>>,
     /// LoRA dropout's call counter at each layer's start, and after the last.
     calls: Option<(Arc<AtomicU64>, Vec<u64>, u64)>,
     /// The leaf the final norm was applied to.
@@ -52,11 +52,12 @@ impl Transformer {
         let mut at = Vec::with_capacity(self.layers.len());
         let mut inputs = Vec::with_capacity(self.layers.len());
         let mut x = self.embed_ids(ids)?.detach();
-        for l in &self.layers {
+        let lowest = self.lowest_trained();
+        for (i, l) in self.layers.iter().enumerate() {
             if let Some(c) = &counter {
                 at.push(c.load(Ordering::Relaxed));
             }
-            inputs.push(x.clone());
+            inputs.push((i >= lowest).then(|| x.clone()));
             x = self.layer_varlen(l, x, &rope, &v)?.detach();
         }
         let last = Var::from_tensor(&x)?.as_tensor().clone();
@@ -77,6 +78,19 @@ impl Transformer {
                 last,
             },
         ))
+    }
+
+    /// The lowest layer the backward must reach: 0 when the embedding trains, else the lowest
+    /// layer with a trainable tensor (an adapter on the upper layers only: the backward stops
+    /// there).
+    fn lowest_trained(&self) -> usize {
+        if self.embed.track_op() {
+            return 0;
+        }
+        self.layers
+            .iter()
+            .position(|l| l.parameters().iter().any(Tensor::is_variable))
+            .unwrap_or(self.layers.len())
     }
 
     /// The call counter LoRA dropout draws its masks from (shared by every adapted layer), if
@@ -100,26 +114,20 @@ impl Checkpointed {
             return Ok(());
         };
         let m = &self.model;
-        // Below the lowest layer with a trainable tensor nothing takes a gradient unless the
-        // embedding does (an adapter on the upper layers only: the backward stops there).
-        let lowest = if m.embed.track_op() {
-            0
-        } else {
-            m.layers
-                .iter()
-                .position(|l| l.parameters().iter().any(Tensor::is_variable))
-                .unwrap_or(m.layers.len())
-        };
+        let lowest = m.lowest_trained();
         for (l, layer) in m.layers.iter().enumerate().skip(lowest).rev() {
             if let Some((c, at, _)) = &self.calls {
                 c.store(at[l], Ordering::Relaxed);
             }
             // The lowest layer's input needs no gradient when the embedding takes none (LoRA).
             let want_dx = l > lowest || m.embed.track_op();
+            let Some(input) = &self.inputs[l] else {
+                candle_core::bail!("recompute: layer {l}'s input was not kept")
+            };
             let x = if want_dx {
-                Var::from_tensor(&self.inputs[l])?.as_tensor().clone()
+                Var::from_tensor(input)?.as_tensor().clone()
             } else {
-                self.inputs[l].clone()
+                input.clone()
             };
             let y = m.layer_varlen(layer, x.clone(), &self.rope, &self.varlen)?;
             let part = backward_through(&y, &g)?;

@@ -191,7 +191,7 @@ impl PrefillMeta {
 
 /// `mask_value(dtype)` where `off` is 1, 0 elsewhere, in `dtype`: one selection pass over
 /// broadcast scalars (the value rounded to `dtype` as the host masks' conversion did).
-fn additive(off: &Tensor, dtype: DType) -> Result<Tensor> {
+pub(super) fn additive(off: &Tensor, dtype: DType) -> Result<Tensor> {
     let dev = off.device();
     let neg = Tensor::new(mask_value(dtype), dev)?.to_dtype(dtype)?;
     let zero = Tensor::zeros((), dtype, dev)?;

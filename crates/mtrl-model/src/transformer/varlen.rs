@@ -4,8 +4,9 @@
 //!
 //! Why: every product of a decoder layer except the attention core is per token, so on packed
 //! rows the projections, the norms and the MLP run over the real tokens only (a padded `[b, t]`
-//! batch spends them on `b·t_max − T` padding tokens too), and a micro-batch is sized by its
-//! tokens, not by its longest row. Only the attention core needs the row structure. A backend
+//! batch spends them on `b·t_max − T` padding tokens too). Only the attention core needs the row
+//! structure (and, without a fused varlen kernel, the padded layout bounds a micro-batch: see
+//! `mtrl_learner::batch::micro_batches`). A backend
 //! serves it by [`super::Backend::varlen_self_attention`]; both of ours project q/k/v over the
 //! packed tokens, [`VarLen::spread`] the products into a padded `[rows, t_max, ·]` layout (one
 //! row gather) where head split, q/k norm, RoPE and one batched attention under [`VarLen::mask`]
@@ -85,24 +86,24 @@ impl VarLen {
         let (rows, len) = (self.offsets.len() - 1, self.max_len());
         let mut pad = vec![0u32; rows * len];
         let mut unpad = Vec::with_capacity(self.tokens());
-        let neg = super::mask_value(self.dtype);
-        let mut mask = vec![neg; rows * len * len];
+        // Key j is visible to query i of row r when j < limit: i + 1 for the row's tokens, 1 for
+        // a padding query. The mask is formed on the device from these limits.
+        let mut limits = vec![1u32; rows * len];
         for (r, (off, l)) in self.rows().enumerate() {
-            for i in 0..len {
-                // A token sees its row up to itself; a padding query sees key 0 only.
-                let seen = if i < l { i + 1 } else { 1 };
-                mask[(r * len + i) * len..][..seen].fill(0.0);
-            }
             for j in 0..l {
+                limits[r * len + j] = j as u32 + 1;
                 pad[r * len + j] = (off + j) as u32;
                 unpad.push((r * len + j) as u32);
             }
         }
+        let limits = Tensor::from_vec(limits, (rows, len, 1), &self.device)?;
+        let off = Tensor::arange(0u32, len as u32, &self.device)?
+            .reshape((1, 1, len))?
+            .broadcast_ge(&limits)?;
         let p = Padded {
             pad: Tensor::from_vec(pad, rows * len, &self.device)?,
             unpad: Tensor::from_vec(unpad, self.tokens(), &self.device)?,
-            mask: Tensor::from_vec(mask, (rows, 1, len, len), &self.device)?
-                .to_dtype(self.dtype)?,
+            mask: super::step_meta::additive(&off, self.dtype)?.reshape((rows, 1, len, len))?,
         };
         let _ = self.padded.set(p);
         match self.padded.get() {

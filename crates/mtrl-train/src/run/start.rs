@@ -71,7 +71,9 @@ fn resume_policy(cfg: &Config, initial: Policy, dir: &Path, parts: &ModelParts) 
                 dir.display()
             );
         }
-        return Ok(Policy::load(dir, parts.dtype, &parts.device)?);
+        let mut p = Policy::load(dir, parts.dtype, &parts.device)?;
+        p.set_activation_checkpointing(cfg.train.activation_checkpointing);
+        return Ok(p);
     };
     let files = mtrl_model::lora::peft::load(dir, parts.dtype, &parts.device)?;
     let want = setup::lora_spec(l);
