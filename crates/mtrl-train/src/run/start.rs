@@ -241,3 +241,26 @@ pub(super) fn rollout_settings(
             == mtrl_core::config::BehaviourLogprobs::Sampled,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use mtrl_core::Config;
+
+    /// A resumed full fine-tuning run reloads its policy from the checkpoint: `[train]
+    /// activation_checkpointing` must reach that policy too, not only the initial one.
+    #[test]
+    fn a_resumed_policy_keeps_activation_checkpointing() {
+        let repo = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
+        let text = std::fs::read_to_string(repo.join("configs/cpu-train-smoke-bf16.toml")).unwrap();
+        assert!(text.contains("activation_checkpointing = true"));
+        let cfg = Config::from_toml_str(&text, &repo.join("configs/x.toml")).unwrap();
+        let parts = crate::setup::model_parts(&cfg).unwrap();
+        let initial = crate::setup::initial_policy(&cfg, &parts).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        initial.save(dir.path(), candle_core::DType::F32).unwrap();
+        let resumed = super::resume_policy(&cfg, initial, dir.path(), &parts).unwrap();
+        assert!(resumed.activation_checkpointing());
+    }
+}
