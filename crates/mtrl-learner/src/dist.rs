@@ -84,9 +84,22 @@ impl Collective for Local {
     }
 }
 
-/// Whether micro-batch `i` of a step is this rank's.
+/// Whether micro-batch `i` of a step is this rank's ([`dealt_to`]).
 pub fn owns(c: &dyn Collective, i: usize) -> bool {
-    i % c.world().max(1) == c.rank()
+    dealt_to(i, c.world()) == c.rank()
+}
+
+/// The rank micro-batch `i` goes to among `world`. Micro-batches come longest first
+/// (`batch::micro_batches`), so they are dealt back and forth — ranks 0 … w−1, then w−1 … 0 —
+/// rather than round-robin, under which rank 0 would take the longest of every round.
+pub fn dealt_to(i: usize, world: usize) -> usize {
+    let w = world.max(1);
+    let (round, j) = (i / w, i % w);
+    if round % 2 == 0 {
+        j
+    } else {
+        w - 1 - j
+    }
 }
 
 /// What the gradient all-reduce moved.
@@ -337,5 +350,12 @@ mod tests {
         assert_eq!(s.unwrap(), CommStats::default());
         assert_eq!(g["w"].to_vec1::<f32>().unwrap(), vec![1.0, 1.0]);
         assert!((0..4).all(|i| owns(&Local, i)));
+    }
+
+    #[test]
+    fn micro_batches_are_dealt_back_and_forth() {
+        let deal: Vec<usize> = (0..7).map(|i| dealt_to(i, 3)).collect();
+        assert_eq!(deal, vec![0, 1, 2, 2, 1, 0, 0]);
+        assert!((0..5).all(|i| dealt_to(i, 1) == 0));
     }
 }

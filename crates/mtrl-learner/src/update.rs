@@ -170,7 +170,7 @@ impl Learner {
         let mut grads: BTreeMap<String, Tensor> = BTreeMap::new();
         let acc = cfg.accumulation;
         let comm = self.comm.clone();
-        // The split is the single process's; a rank takes every world-th micro-batch of it.
+        // The split is the single process's; ranks are dealt its micro-batches (`dealt_to`).
         for (i, group) in micro_batches(rows, cfg.micro_batch_tokens)
             .into_iter()
             .enumerate()
