@@ -94,8 +94,7 @@ pub fn sft_step(
     let dev = policy.device().clone();
     let mut grads: BTreeMap<String, Tensor> = BTreeMap::new();
     for group in micro_batches(&rows, cfg.micro_batch_tokens) {
-        let picked: Vec<&Row> = group.iter().map(|&i| &rows[i]).collect();
-        let mb = pad(&picked, &dev)?;
+        let mb = pad(&rows, &group, &dev)?;
         // Log-probs at the trained positions only (the head's cost follows the assistant's ids).
         let fwd = token_logprobs_host(policy, &mb.host(), 1.0, true, DEFAULT_CHUNK_ELEMS)?;
         let (loss, g) = fwd.loss_and_grads(|lp| {

@@ -225,7 +225,9 @@ impl Micro {
     }
 }
 
-pub(crate) fn pad(rows: &[&Row], dev: &Device) -> Result<Micro> {
+/// The micro-batch of `rows[group]`, right-padded to its longest row.
+pub(crate) fn pad(rows: &[Row], group: &[usize], dev: &Device) -> Result<Micro> {
+    let rows: Vec<&Row> = group.iter().map(|&i| &rows[i]).collect();
     let t = rows.iter().map(|r| r.tokens.len()).max().unwrap_or(2);
     let b = rows.len();
     let (mut ids, mut att) = (vec![0u32; b * t], vec![0u32; b * t]);

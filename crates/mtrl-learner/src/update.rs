@@ -118,8 +118,7 @@ pub(crate) fn split_even(n: usize, parts: usize) -> Vec<Range<usize>> {
 pub(crate) fn proximal_logprobs(policy: &Policy, rows: &mut [Row], cfg: &StepConfig) -> Result<()> {
     let dev = policy.device().clone();
     for group in micro_batches(rows, cfg.micro_batch_tokens) {
-        let picked: Vec<&Row> = group.iter().map(|&i| &rows[i]).collect();
-        let mb = pad(&picked, &dev)?;
+        let mb = pad(rows, &group, &dev)?;
         let lp = token_logprobs_host(
             policy,
             &mb.host(),
@@ -185,8 +184,7 @@ impl Learner {
                     Tensor::from_vec(v, (n, 1), &dev)
                 })
                 .transpose()?;
-            let picked: Vec<&Row> = group.iter().map(|&r| &rows[r]).collect();
-            let mb = pad(&picked, &dev)?;
+            let mb = pad(rows, &group, &dev)?;
             let stream = (self.version() << 24) ^ (slice << 12) ^ i as u64;
             self.policy.set_dropout_seed(mtrl_core::rng::mix(stream));
             out.micro_batches += 1;

@@ -63,7 +63,7 @@ pub struct TokenLogprobs {
     chunks: Vec<(Vec<f32>, Option<Tensor>)>,
     /// With activation checkpointing: the layers the backward recomputes.
     recompute: Option<Checkpointed>,
-    /// The trainable tensors of the view that ran: the gradient store is trimmed to them.
+    /// The policy's trainable tensors: the gradient store is trimmed to them.
     params: Vec<Tensor>,
 }
 
@@ -338,7 +338,11 @@ pub fn token_logprobs_host(
         shape: (b, t),
         chunks,
         recompute,
-        params: model.parameters(),
+        params: policy
+            .named_parameters()
+            .values()
+            .map(|v| v.as_tensor().clone())
+            .collect(),
     })
 }
 

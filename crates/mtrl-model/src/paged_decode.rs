@@ -264,52 +264,61 @@ impl CustomOp3 for PagedDecode {
     }
 }
 
+/// A decode step over one layer's paged store on `dev` in `dtype`: rows of `lens` positions
+/// (random keys and values) whose blocks interleave with another owner's, their table, and
+/// random queries `[rows, heads, 1, d]` (drawn on the CPU, so every device sees the same values).
+pub(crate) fn decode_fixture(
+    dev: &candle_core::Device,
+    dtype: DType,
+    (kv, heads, d): (usize, usize, usize),
+    lens: &[usize],
+) -> crate::Result<(crate::kv_pool::KvPool, DecodeTable, Tensor)> {
+    use crate::kv_pool::{KvPool, SeqBlocks};
+    use crate::transformer::paged::Segment;
+
+    let rand = |shape: &[usize]| -> Result<Tensor> {
+        Tensor::randn(0f32, 1.0, shape, &candle_core::Device::Cpu)?
+            .to_dtype(dtype)?
+            .to_device(dev)
+    };
+    let mut pool = KvPool::new(1, kv, d, 4096, dtype, dev)?;
+    let mut segs = Vec::new();
+    for (i, &len) in lens.iter().enumerate() {
+        let mut s = SeqBlocks::default();
+        if !pool.reserve(&mut s, len)? {
+            return Err(crate::ModelError::InvalidArgument(
+                "paged decode fixture: the pool is too small".into(),
+            ));
+        }
+        let slots: Vec<u32> = s.slots(len).collect();
+        let (kt, vt) = (rand(&[len * kv, d])?, rand(&[len * kv, d])?);
+        pool.write(0, &pool.slot_mapping(&slots)?, &kt, &vt)?;
+        segs.push(Segment {
+            start: len - 1,
+            len: 1,
+            slots,
+        });
+        // Another owner's blocks between this row's and the next's.
+        let mut gap = SeqBlocks::default();
+        pool.reserve(&mut gap, 3 + i)?;
+    }
+    let table = DecodeTable::new(&segs, dev);
+    let q = rand(&[segs.len(), heads, 1, d])?;
+    Ok((pool, table, q))
+}
+
 /// The largest difference between [`attend`] (the kernel on a GPU, the twin on the CPU) and the
 /// candle spelling it replaces, on `dev` in `dtype`: rows of different lengths (1 to 130
 /// positions) whose blocks interleave with another owner's, GQA (4 query heads per KV head),
 /// head dim 64 and 128. `mtrl selftest` reports it.
 pub fn check_against_gathered(dev: &candle_core::Device, dtype: DType) -> crate::Result<f32> {
-    use crate::kv_pool::{KvPool, SeqBlocks};
     use crate::transformer::backend::Candle;
-    use crate::transformer::paged::{decode_gathered, Segment};
+    use crate::transformer::paged::decode_gathered;
 
     let mut worst = 0f32;
     for d in [64usize, 128] {
-        let (kv, heads) = (2usize, 8usize);
-        let mut pool = KvPool::new(1, kv, d, 4096, dtype, dev)?;
-        let mut segs = Vec::new();
-        for (i, &len) in [70usize, 1, 130, 64].iter().enumerate() {
-            let mut s = SeqBlocks::default();
-            if !pool.reserve(&mut s, len)? {
-                return Err(crate::ModelError::InvalidArgument(
-                    "paged decode check: the pool is too small".into(),
-                ));
-            }
-            let slots: Vec<u32> = s.slots(len).collect();
-            let rand = || -> Result<Tensor> {
-                Tensor::randn(0f32, 1.0, (len * kv, d), &candle_core::Device::Cpu)?
-                    .to_dtype(dtype)?
-                    .to_device(dev)
-            };
-            let (kt, vt) = (rand()?, rand()?);
-            pool.write(0, &pool.slot_mapping(&slots)?, &kt, &vt)?;
-            segs.push(Segment {
-                start: len - 1,
-                len: 1,
-                slots,
-            });
-            let mut gap = SeqBlocks::default();
-            pool.reserve(&mut gap, 3 + i)?;
-        }
-        let table = DecodeTable::new(&segs, dev);
-        let q = Tensor::randn(
-            0f32,
-            1.0,
-            (segs.len(), heads, 1, d),
-            &candle_core::Device::Cpu,
-        )?
-        .to_dtype(dtype)?
-        .to_device(dev)?;
+        let kv = 2;
+        let (pool, table, q) = decode_fixture(dev, dtype, (kv, 8, d), &[70, 1, 130, 64])?;
         let (kp, vp) = pool.layer(0);
         let got = attend(&q, kp, vp, kv, &table)?;
         let be = Candle {

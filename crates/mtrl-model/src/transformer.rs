@@ -316,17 +316,6 @@ impl Transformer {
         self.be.linear(hidden, &head)
     }
 
-    /// The trainable tensors of this view (the `Var`s among its weights): what a backward's
-    /// gradient store is trimmed to ([`leaves_only`]).
-    pub(crate) fn parameters(&self) -> Vec<Tensor> {
-        let mut out = vec![self.embed.clone(), self.lm_head.clone(), self.norm.clone()];
-        for l in &self.layers {
-            out.extend(l.parameters());
-        }
-        out.retain(|t| t.is_variable());
-        out
-    }
-
     /// The MLP half of layer `l` with its residual.
     fn mlp_block(&self, l: &Layer, x: Tensor) -> Result<Tensor> {
         let h = self.be.rms_norm(&x, &l.post_ln, self.eps)?;

@@ -170,38 +170,18 @@ fn attend(
 
 #[cfg(test)]
 mod tests {
-    use candle_core::{DType, Device, Tensor};
+    use candle_core::{DType, Device};
 
-    use crate::kv_pool::{KvPool, SeqBlocks};
     use crate::transformer::backend::Candle;
-    use crate::transformer::paged::{decode_gathered, DecodeTable, Segment};
+    use crate::transformer::paged::decode_gathered;
 
     #[test]
     fn the_kernel_equals_its_candle_twin() {
         let dev = Device::Cpu;
-        let (kv, d, heads) = (2usize, 8usize, 4usize);
-        let mut pool = KvPool::new(1, kv, d, 4096, DType::F32, &dev).unwrap();
-        let lens = [1usize, 70, 33, 129];
-        let mut segs = Vec::new();
-        for (i, &len) in lens.iter().enumerate() {
-            let mut s = SeqBlocks::default();
-            assert!(pool.reserve(&mut s, len).unwrap());
-            let slots: Vec<u32> = s.slots(len).collect();
-            let k = Tensor::randn(0f32, 1.0, (len * kv, d), &dev).unwrap();
-            let v = Tensor::randn(0f32, 1.0, (len * kv, d), &dev).unwrap();
-            let map = pool.slot_mapping(&slots).unwrap();
-            pool.write(0, &map, &k, &v).unwrap();
-            segs.push(Segment {
-                start: len - 1,
-                len: 1,
-                slots,
-            });
-            // interleave another owner's blocks
-            let mut gap = SeqBlocks::default();
-            assert!(pool.reserve(&mut gap, 3 + i).unwrap());
-        }
-        let table = DecodeTable::new(&segs, &dev);
-        let q = Tensor::randn(0f32, 1.0, (lens.len(), heads, 1, d), &dev).unwrap();
+        let kv = 2;
+        let (pool, table, q) =
+            crate::paged_decode::decode_fixture(&dev, DType::F32, (kv, 4, 8), &[1, 70, 33, 129])
+                .unwrap();
         let (kp, vp) = pool.layer(0);
         let got = super::paged_decode_attention(&q, kp, vp, kv, &table).unwrap();
         let be = Candle {
