@@ -3,17 +3,21 @@
 
 Inputs (files in --dir, each optional; a missing or empty one yields a `missing` line):
   mtrl-decode-*.json `mtrl bench model --phases [prefill,]decode`, one batch size per file
-  mtrl-train.json    `mtrl bench model --phases train` (one JSON object)
+  mtrl-train.json    `mtrl bench model --phases train` (one JSON object): [8, 2048] in one packed
+                     forward, attention fused where the binary carries FlashAttention-2
+  mtrl-train-spelled.json   the same batch with the spelled attention, one row per forward
   mtrl-train-ckpt.json, mtrl-train-long.json   the same with --checkpointing ([8, 2048] at once; one long row)
+  gpu.json           the card (nvidia-smi name, memory, driver): names the MFU peak
   mtrl-engine.json   `mtrl bench engine` (paged vs legacy engine, one JSON object)
   torch-gen.jsonl    `bench/torch_ref.py --jsonl --skip-train` (one line per figure)
   torch-train.jsonl  `bench/torch_ref.py --jsonl --skip-gen` (amp, then optionally bf16)
   mem.json           {"<phase>": peak MiB above the idle baseline, ...} from nvidia-smi sampling
   train-smoke-summary.json  the `mtrl train` smoke: steps, wall time, episodes/s, tokens/s
 
-Goals (from the issue): mtrl decode >= 3x transformers generate at every batch size, and mtrl
-train step (forward + backward + AdamW with f32 masters) >= 1.0x PyTorch eager (amp: f32 params +
-AdamW, bf16 autocast — the same precision recipe). Standard library only.
+Goals (from the issues): mtrl decode >= 3x transformers generate at every batch size, and mtrl
+train step (forward + backward + AdamW with f32 masters) >= 1.3x PyTorch eager (amp: f32 params +
+AdamW, bf16 autocast — the same precision recipe). MFU (see mfu()): model FLOPs per token times
+step tokens/s over the card's dense bf16 peak. Standard library only.
 """
 from __future__ import annotations
 
@@ -24,7 +28,21 @@ import os
 import sys
 
 DECODE_GOAL = 3.0
-TRAIN_GOAL = 1.0
+TRAIN_GOAL = 1.3
+# Dense bf16 tensor-core peaks (FLOP/s) by nvidia-smi name, for MFU.
+PEAKS = (("H200", 989e12), ("H100", 989e12), ("A100", 312e12), ("L40S", 362e12))
+
+
+def mfu(tokens_per_s, params, cfg, gpu_name):
+    """Model FLOPs utilisation of a training step: (6·N + 6·layers·heads·head_dim·L) FLOPs per
+    token (weights: forward + backward; causal attention: half of 12·layers·width·L) at
+    `tokens_per_s`, over the card's dense bf16 peak. None where the card or shape is unknown."""
+    peak = next((p for n, p in PEAKS if gpu_name and n in gpu_name), None)
+    if not (peak and params and cfg and tokens_per_s):
+        return None
+    width = cfg.get("num_attention_heads", 0) * cfg.get("head_dim", 0)
+    flops = 6 * params + 6 * cfg.get("num_hidden_layers", 0) * width * cfg.get("L", 0)
+    return round(flops * tokens_per_s / peak, 4)
 
 
 def read_json(path):
@@ -62,6 +80,7 @@ def read_jsonl(path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", required=True)
+    ap.add_argument("--shape", help="the model's config.json (bench/qwen3-0.6b.json): for MFU")
     args = ap.parse_args()
     d = args.dir
     lines = []
@@ -107,7 +126,9 @@ def main():
     if tr:
         base = {"impl": "mtrl", "device": tr.get("device"), "dtype": tr.get("dtype"),
                 "train_batch": tr.get("train_batch"), "L": tr.get("train_len"),
-                "micro_batch": tr.get("train_micro_batch")}
+                "micro_batch": tr.get("train_micro_batch"),
+                "fused_attention": tr.get("train_fused_attention"),
+                "peak_gpu_mem_mib": mem.get("mtrl-train")}
         for fig in ("train_tokens_per_s", "train_step_tokens_per_s"):
             if tr.get(fig) is not None:
                 emit({**base, "figure": fig, "value": tr[fig]})
@@ -120,7 +141,7 @@ def main():
 
     # The learner with activation checkpointing (whole batch in one forward; one long row), with
     # the phase's sampled peak (nvidia-smi, minus the idle baseline).
-    for phase in ("mtrl-train-ckpt", "mtrl-train-long"):
+    for phase in ("mtrl-train-spelled", "mtrl-train-ckpt", "mtrl-train-long"):
         r = read_json(os.path.join(d, phase + ".json"))
         if not r:
             emit({"impl": "mtrl", "figure": phase, "missing": True})
@@ -128,7 +149,8 @@ def main():
         base = {"impl": "mtrl", "phase": phase, "device": r.get("device"), "dtype": r.get("dtype"),
                 "train_batch": r.get("train_batch"), "L": r.get("train_len"),
                 "micro_batch": r.get("train_micro_batch"),
-                "checkpointing": r.get("train_checkpointing"), "peak_gpu_mem_mib": mem.get(phase)}
+                "checkpointing": r.get("train_checkpointing"),
+                "fused_attention": r.get("train_fused_attention"), "peak_gpu_mem_mib": mem.get(phase)}
         for fig in ("train_tokens_per_s", "train_step_tokens_per_s"):
             if r.get(fig) is not None:
                 emit({**base, "figure": fig, "value": r[fig]})
@@ -183,6 +205,22 @@ def main():
             emit({"figure": "ratio", "what": "mtrl generate / transformers generate (both incl. prefill)",
                   "batch": b, "mtrl": g, "torch": t, "ratio": round(g / t, 3)})
     step = mtrl.get(("train_step_tokens_per_s", None))
+    spelled = read_json(os.path.join(d, "mtrl-train-spelled.json")) or {}
+    if step and spelled.get("train_step_tokens_per_s"):
+        emit({"figure": "ratio", "what": "mtrl train step: packed batch, fused attention / one row, spelled",
+              "mtrl": step, "spelled": spelled["train_step_tokens_per_s"],
+              "ratio": round(step / spelled["train_step_tokens_per_s"], 3)})
+    gpu = read_json(os.path.join(d, "gpu.json")) or {}
+    shape = None
+    if args.shape and os.path.exists(args.shape):
+        with open(args.shape) as f:
+            shape = json.load(f)
+    for name, r in (("mtrl-train", tr), ("mtrl-train-spelled", spelled)):
+        if r and shape:
+            m = mfu(r.get("train_step_tokens_per_s"), r.get("num_parameters"),
+                    {**shape, "L": r.get("train_len")}, gpu.get("name"))
+            emit({"figure": "mfu", "phase": name, "gpu": gpu.get("name"), "value": m,
+                  "method": "(6N + 6·layers·heads·head_dim·L) FLOP/token × step tokens/s / dense bf16 peak"})
     for prec in ("amp", "same"):
         t = torch.get(("train_step_tokens_per_s", prec))
         if step and t:

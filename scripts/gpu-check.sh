@@ -4,7 +4,9 @@
 #   1. `mtrl selftest` on cuda:0 — the golden-fixture checks in f32 + a bf16 agreement check;
 #   2. `mtrl bench model` with random weights of the real Qwen3-0.6B shape (bench/qwen3-0.6b.json),
 #      bf16: prefill, decode at batch 1/16/64/256 (one process each, so a slow batch size loses
-#      only its own figure), train step on [8, 2048] (fwd + bwd + AdamW);
+#      only its own figure), train step on [8, 2048] (fwd + bwd + AdamW) in one packed forward
+#      with the fused attention (FlashAttention-2 when built with --features cuda,flash-attn),
+#      and the spelled attention one row per forward beside it;
 #   3. `mtrl train` for 5 RL steps (configs/gpu-train-smoke.toml): random Qwen3-0.6B-shaped
 #      weights, bf16, the multi-turn search environment over Cranfield (BM25 + hashing-embedder
 #      vectors), task files from `mtrl data prepare` and the Qwen3 tokenizer of tests/fixtures —
@@ -125,8 +127,13 @@ print(json.dumps({k: val(v) for k, v in (a.split("=", 1) for a in sys.argv[1:])}
 SELFTEST=("$BIN" selftest --device "$DEVICE" --fixtures "$FIXTURES")
 BENCH_COMMON=("$BIN" bench model --config "$SHAPE" --device "$DEVICE" --dtype bf16 --repeats 1)
 BENCH_DECODE=("${BENCH_COMMON[@]}" --prompt-len "$PROMPT" --new-tokens "$NEW" --batch-sizes)
+# The learner's headline: all [8, 2048] rows in one packed forward, attention fused where the binary
+# carries FlashAttention-2 (--features cuda,flash-attn); beside it, in the same call, the spelled
+# attention one row per forward (the recipe of the first GPU run: [8, 2048] spelled does not fit).
 BENCH_TRAIN=("${BENCH_COMMON[@]}" --phases train --train-batch "$TRAIN_BATCH"
-  --train-len "$TRAIN_LEN" --train-micro-batch "$TRAIN_MICRO")
+  --train-len "$TRAIN_LEN" --train-micro-batch 0 --attention auto)
+BENCH_TRAIN_SPELLED=("${BENCH_COMMON[@]}" --phases train --train-batch "$TRAIN_BATCH"
+  --train-len "$TRAIN_LEN" --train-micro-batch "$TRAIN_MICRO" --attention spelled)
 # The learner with activation checkpointing: the whole [8, 2048] batch in one forward (the
 # attention of one layer at a time), and one long row.
 BENCH_TRAIN_CKPT=("${BENCH_COMMON[@]}" --phases train --train-batch "$TRAIN_BATCH"
@@ -170,9 +177,11 @@ if [[ "$DRY" == 1 ]]; then
   info="$("$BIN" selftest --build-info)" || die "$BIN selftest --build-info failed"
   echo "{\"check\":\"dry-run.build\",\"bin\":\"$CARRIED\",\"carried_mib\":$(( $(stat -c %s "$CARRIED") / 1048576 )),\"unpacked_mib\":$(( $(stat -c %s "$BIN") / 1048576 )),\"build\":$info}"
   [[ "$info" == *'"cuda":true'* ]] || die "$CARRIED was built without the cuda feature"
+  [[ "$info" == *'"flash_attn":true'* ]] \
+    || echo '{"check":"dry-run.flash-attn","note":"built without --features flash-attn: mtrl-train runs the spelled attention"}'
   (( $(stat -c %s "$CARRIED") <= 64 * 1048576 )) || die "$CARRIED is over the 64 MiB carry limit (gzip it: --bin mtrl.gz)"
   help="$("$BIN" bench model --help)"
-  for flag in --phases --batch-sizes --train-micro-batch --train-len --dtype --device --checkpointing; do
+  for flag in --phases --batch-sizes --train-micro-batch --train-len --dtype --device --checkpointing --attention; do
     [[ "$help" == *"$flag"* ]] || die "mtrl bench model has no $flag"
   done
   "$BIN" selftest --help | grep -q -- --fixtures || die "mtrl selftest has no --fixtures"
@@ -189,6 +198,7 @@ if [[ "$DRY" == 1 ]]; then
   echo "{\"check\":\"dry-run.args\",\"ok\":true,\"timeout_s\":$TIMEOUT,\"device\":\"$DEVICE\",\"out\":\"$OUTDIR\",\"fixtures_mib\":$fixtures_mib,\"torch_import\":\"skipped in dry run\"}"
   json step=selftest plan="${SELFTEST[*]}"
   json step=mtrl-train plan="${BENCH_TRAIN[*]}"
+  json step=mtrl-train-spelled plan="${BENCH_TRAIN_SPELLED[*]}"
   json step=mtrl-lora plan="${BENCH_LORA[*]}"
   json step=mtrl-train-ckpt plan="${BENCH_TRAIN_CKPT[*]}"
   json step=mtrl-train-long plan="${BENCH_TRAIN_LONG[*]}"
@@ -210,7 +220,8 @@ HAVE_SMI=0
 if command -v nvidia-smi >/dev/null; then
   HAVE_SMI=1
   nvidia-smi -i "$GPU_INDEX" --query-gpu=name,memory.total,driver_version --format=csv,noheader \
-    | "$PY" -c 'import json,sys; n,m,d=[x.strip() for x in sys.stdin.read().split(",")]; print(json.dumps({"check":"gpu","name":n,"memory_total":m,"driver":d}))'
+    | "$PY" -c 'import json,sys; n,m,d=[x.strip() for x in sys.stdin.read().split(",")]; print(json.dumps({"check":"gpu","name":n,"memory_total":m,"driver":d}))' \
+    | tee "$OUTDIR/gpu.json"
 elif [[ "$SMOKE" != 1 ]]; then
   die "nvidia-smi not found: is this the GPU machine?"
 fi
@@ -333,6 +344,7 @@ BATCH_LIST=(${BATCHES//,/ })
 LAST=$(( ${#BATCH_LIST[@]} - 1 ))
 run selftest "$OUTDIR/selftest.jsonl" 120 "${SELFTEST[@]}"
 run mtrl-train "$OUTDIR/mtrl-train.json" 120 "${BENCH_TRAIN[@]}"
+run mtrl-train-spelled "$OUTDIR/mtrl-train-spelled.json" 90 "${BENCH_TRAIN_SPELLED[@]}"
 if rl_prepare >"$OUTDIR/train-prepare.log" 2>&1; then
   run train-smoke "$OUTDIR/train-smoke.json" 150 "${RL_TRAIN[@]}"
   rl_summary
@@ -371,7 +383,7 @@ cat "$OUTDIR/torch-train-bf16.jsonl" >>"$OUTDIR/torch-train.jsonl" 2>/dev/null |
 } >"$OUTDIR/mem.json"
 # mem.json is one object; gpu_report.py reads the last JSON line, so flatten it.
 "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); open(sys.argv[1],"w").write(json.dumps(d)+"\n")' "$OUTDIR/mem.json"
-"$PY" bench/gpu_report.py --dir "$OUTDIR" | tee "$OUTDIR/report.jsonl"
+"$PY" bench/gpu_report.py --dir "$OUTDIR" --shape "$SHAPE" | tee "$OUTDIR/report.jsonl"
 if (( ${#FAILED[@]} )); then
   json check=gpu-check ok=false failed="${FAILED[*]}" seconds="$(( $(date +%s) - START ))"
   exit 1

@@ -229,6 +229,29 @@ fn kv_cache_fraction_bounds_the_store_in_device_memory() {
     assert!(!mtrl_train::setup::initial_policy(&off, &parts)
         .unwrap()
         .activation_checkpointing());
+    // `[train] attention_kernel` reaches the policy: "auto" (the default) is spelled on the CPU,
+    // "fused" runs the CPU twin of FlashAttention-2; a bad value names its key.
+    assert_eq!(policy.attention_kernel(), mtrl_model::AttentionKernel::Auto);
+    assert!(!policy.attends_fused());
+    let with_kernel = |k: &str| {
+        Config::from_toml_str(
+            &text.replace(
+                "[train]\n",
+                &format!("[train]\nattention_kernel = \"{k}\"\n"),
+            ),
+            &repo().join("configs/x.toml"),
+        )
+    };
+    let fused = mtrl_train::setup::initial_policy(&with_kernel("fused").unwrap(), &parts).unwrap();
+    assert!(fused.attends_fused());
+    let spelled =
+        mtrl_train::setup::initial_policy(&with_kernel("spelled").unwrap(), &parts).unwrap();
+    assert_eq!(
+        spelled.attention_kernel(),
+        mtrl_model::AttentionKernel::Spelled
+    );
+    let e = with_kernel("flash").unwrap_err().to_string();
+    assert!(e.contains("train.attention_kernel"), "{e}");
     let c = policy.config();
     let per = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 2; // bf16
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();

@@ -47,6 +47,10 @@ pub struct BenchModelArgs {
     /// activation_checkpointing`).
     #[arg(long)]
     pub checkpointing: bool,
+    /// The training forward's attention core (`[train] attention_kernel`): auto, fused
+    /// (FlashAttention-2 on CUDA, the CPU twin elsewhere) or spelled.
+    #[arg(long, default_value = "auto", value_parser = parse_attention)]
+    pub attention: mtrl_model::AttentionKernel,
     /// Timed runs after one warm-up (the best is reported).
     #[arg(long, default_value_t = 2)]
     pub repeats: usize,
@@ -85,6 +89,7 @@ pub fn run(args: &BenchModelArgs) -> anyhow::Result<()> {
         (None, None) => anyhow::bail!("--config or --model is needed"),
     };
     policy.set_activation_checkpointing(args.checkpointing);
+    policy.set_attention_kernel(args.attention);
     let cfg = policy.config().clone();
     anyhow::ensure!(
         args.prompt_len >= 1 && args.prompt_len + args.new_tokens <= cfg.max_position_embeddings,
@@ -123,4 +128,13 @@ pub fn run(args: &BenchModelArgs) -> anyhow::Result<()> {
     let report = run_bench_on(&policy, &device, &opts, hook)?;
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
+}
+
+fn parse_attention(s: &str) -> Result<mtrl_model::AttentionKernel, String> {
+    mtrl_model::AttentionKernel::parse(s).ok_or_else(|| {
+        format!(
+            "unknown attention kernel {s:?} (one of {})",
+            mtrl_model::AttentionKernel::NAMES.join(", ")
+        )
+    })
 }

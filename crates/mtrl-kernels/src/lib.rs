@@ -10,6 +10,10 @@
 //!   (`mtrl_model::paged_decode`; twins: its CPU loop and the candle spelling that gathers every
 //!   row's keys and values into a padded copy first).
 //!
+//! - With `flash-attn`: FlashAttention-2's varlen causal forward and backward (bf16, head dims 64
+//!   and 128) as a static library behind the C functions of [`flash`] (`flash/api.cu`; used by
+//!   `mtrl_model::flash_varlen`, whose CPU twin runs the same arithmetic one query at a time).
+//!
 //! Without the `cuda` feature the crate is empty and its build script does nothing.
 
 /// The PTX of `src/kv_write.cu` (functions `kv_write_u16`, `kv_write_u32`, `kv_write_u64`: the
@@ -30,3 +34,73 @@ pub const PAGED_DECODE_MODULE: &str = "mtrl_paged_decode";
 
 /// Threads per block of `paged_decode` (its `WARPS` × 32).
 pub const PAGED_DECODE_THREADS: u32 = 128;
+
+/// FlashAttention-2's training attention (see `flash/api.cu` for layouts, scratch and return
+/// codes). Every pointer is a device pointer on the stream's device; `stream` is a `CUstream`.
+#[cfg(feature = "flash-attn")]
+pub mod flash {
+    use std::ffi::{c_char, c_int, c_void};
+
+    extern "C" {
+        /// The last error of this thread's last call that did not return 0.
+        pub fn mtrl_flash_last_error() -> *const c_char;
+
+        /// The splits of the deterministic backward's dq accumulator.
+        pub fn mtrl_flash_dq_splits(batch: c_int, heads: c_int) -> c_int;
+
+        /// Forward: `out`, `lse` of packed causal rows.
+        pub fn mtrl_flash_varlen_fwd(
+            q: *const c_void,
+            k: *const c_void,
+            v: *const c_void,
+            out: *mut c_void,
+            lse: *mut f32,
+            cu_seqlens: *const c_int,
+            batch: c_int,
+            max_seqlen: c_int,
+            total: c_int,
+            heads: c_int,
+            heads_k: c_int,
+            head_dim: c_int,
+            scale: f32,
+            is_bf16: c_int,
+            rng_state: *mut u64,
+            stream: *mut c_void,
+        ) -> c_int;
+
+        /// Backward: `dq`, and `dk`, `dv` per query head.
+        pub fn mtrl_flash_varlen_bwd(
+            dout: *const c_void,
+            q: *const c_void,
+            k: *const c_void,
+            v: *const c_void,
+            out: *const c_void,
+            lse: *const f32,
+            dq: *mut c_void,
+            dk_expanded: *mut c_void,
+            dv_expanded: *mut c_void,
+            dq_accum: *mut f32,
+            dq_splits: c_int,
+            softmax_d: *mut f32,
+            cu_seqlens: *const c_int,
+            batch: c_int,
+            max_seqlen: c_int,
+            total: c_int,
+            heads: c_int,
+            heads_k: c_int,
+            head_dim: c_int,
+            scale: f32,
+            is_bf16: c_int,
+            rng_state: *mut u64,
+            stream: *mut c_void,
+        ) -> c_int;
+    }
+
+    /// [`mtrl_flash_last_error`] as a string.
+    pub fn last_error() -> String {
+        // SAFETY: the library returns a NUL-terminated thread-local buffer.
+        unsafe { std::ffi::CStr::from_ptr(mtrl_flash_last_error()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+}

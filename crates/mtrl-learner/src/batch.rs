@@ -186,19 +186,29 @@ fn sample(t: &Trajectory) -> Result<Sample> {
 }
 
 /// Splits rows into micro-batches (groups of row indices): rows are taken longest first, and a
-/// group holds rows while their count × its longest row stays within `budget` (a row longer than
-/// the budget gets a group of its own). The bound is the padded layout the attention core runs in
-/// (`rows × t_max`, its scores `∝ rows × t_max²`); grouping by length keeps the padding in it
-/// small, and everything else runs on the rows' own tokens (packed). Deterministic: ties keep the
-/// rows' order.
-pub fn micro_batches(rows: &[Row], budget: usize) -> Vec<Vec<usize>> {
+/// group holds rows while they fit `budget` (a row longer than the budget gets a group of its
+/// own). With `fused` attention (the kernel reads the packed rows in place) the bound is the
+/// rows' own tokens, `Σ len`; otherwise the padded layout the spelled attention runs in, `rows ×
+/// t_max` (its scores `∝ rows × t_max²`), where grouping by length keeps the padding small.
+/// Everything but the attention core runs on the rows' own tokens either way. Deterministic: ties
+/// keep the rows' order.
+pub fn micro_batches(rows: &[Row], budget: usize, fused: bool) -> Vec<Vec<usize>> {
     let mut order: Vec<usize> = (0..rows.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(rows[i].tokens.len()));
     let mut out: Vec<Vec<usize>> = Vec::new();
+    let mut used = 0usize;
     for i in order {
+        let len = rows[i].tokens.len();
         match out.last_mut() {
-            Some(g) if (g.len() + 1) * rows[g[0]].tokens.len() <= budget => g.push(i),
-            _ => out.push(vec![i]),
+            Some(g) if fused && used + len <= budget => {
+                g.push(i);
+                used += len;
+            }
+            Some(g) if !fused && (g.len() + 1) * rows[g[0]].tokens.len() <= budget => g.push(i),
+            _ => {
+                out.push(vec![i]);
+                used = len;
+            }
         }
     }
     out
@@ -301,9 +311,17 @@ mod tests {
         };
         let rows = vec![row(4), row(4), row(8), row(2), row(20), row(3)];
         // Longest first: 20 alone (over the budget); 8 + 4 (2 · 8 = 16); 4 + 3 + 2 (3 · 4 = 12).
-        let mb = micro_batches(&rows, 16);
+        let mb = micro_batches(&rows, 16, false);
         assert_eq!(mb, vec![vec![4], vec![2, 0], vec![1, 5, 3]]);
-        assert_eq!(micro_batches(&rows, 1000), vec![vec![4, 2, 0, 1, 5, 3]]);
-        assert!(micro_batches(&[], 10).is_empty());
+        assert_eq!(
+            micro_batches(&rows, 1000, false),
+            vec![vec![4, 2, 0, 1, 5, 3]]
+        );
+        assert!(micro_batches(&[], 10, false).is_empty());
+        // Fused attention: the rows' own tokens. 20 alone; 8 + 4 + 4 = 16; 3 + 2.
+        let mb = micro_batches(&rows, 16, true);
+        assert_eq!(mb, vec![vec![4], vec![2, 0, 1], vec![5, 3]]);
+        assert_eq!(micro_batches(&rows, 41, true), vec![vec![4, 2, 0, 1, 5, 3]]);
+        assert_eq!(micro_batches(&rows, 40, true).len(), 2);
     }
 }

@@ -93,7 +93,7 @@ pub fn sft_step(
     }
     let dev = policy.device().clone();
     let mut grads: BTreeMap<String, Tensor> = BTreeMap::new();
-    for group in micro_batches(&rows, cfg.micro_batch_tokens) {
+    for group in micro_batches(&rows, cfg.micro_batch_tokens, policy.attends_fused()) {
         let mb = pad(&rows, &group, &dev)?;
         // Log-probs at the trained positions only (the head's cost follows the assistant's ids).
         let fwd = token_logprobs_host(policy, &mb.host(), 1.0, true, DEFAULT_CHUNK_ELEMS)?;

@@ -117,7 +117,7 @@ pub(crate) fn split_even(n: usize, parts: usize) -> Vec<Range<usize>> {
 /// log-prob positions: the proximal policy of decoupled PPO, fixed for the whole step.
 pub(crate) fn proximal_logprobs(policy: &Policy, rows: &mut [Row], cfg: &StepConfig) -> Result<()> {
     let dev = policy.device().clone();
-    for group in micro_batches(rows, cfg.micro_batch_tokens) {
+    for group in micro_batches(rows, cfg.micro_batch_tokens, policy.attends_fused()) {
         let mb = pad(rows, &group, &dev)?;
         let lp = token_logprobs_host(
             policy,
@@ -170,7 +170,7 @@ impl Learner {
         let acc = cfg.accumulation;
         let comm = self.comm.clone();
         // The split is the single process's; ranks are dealt its micro-batches (`dealt_to`).
-        for (i, group) in micro_batches(rows, cfg.micro_batch_tokens)
+        for (i, group) in micro_batches(rows, cfg.micro_batch_tokens, self.policy.attends_fused())
             .into_iter()
             .enumerate()
         {

@@ -101,6 +101,8 @@ pub struct BenchReport {
     pub train_ragged: bool,
     /// Per-layer activation checkpointing of the training forward.
     pub train_checkpointing: bool,
+    /// Whether the training forward attended fused (`--attention`, see `AttentionKernel`).
+    pub train_fused_attention: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub train_tokens_per_s: Option<f64>,
     /// Forward + backward + optimizer step (only with an optimizer hook).
@@ -290,6 +292,7 @@ pub fn run_bench_on(
         train_tokens,
         train_ragged: opts.train_ragged,
         train_checkpointing: policy.activation_checkpointing(),
+        train_fused_attention: policy.attends_fused(),
         train_tokens_per_s,
         train_step_tokens_per_s,
         device_mem_used_mib: mem.0.map(|b| b as f64 / (1u64 << 20) as f64),

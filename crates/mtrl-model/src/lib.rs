@@ -33,6 +33,7 @@ mod cpu;
 pub mod device;
 pub mod engine;
 pub mod error;
+pub mod flash_varlen;
 pub mod gguf;
 pub mod host;
 pub mod kv_cache;
@@ -57,6 +58,7 @@ pub use engine::{
     LegacyEngine, SampledToken, SeqId, StepOutput, Stepper,
 };
 pub use error::{ModelError, Result};
+pub use flash_varlen::AttentionKernel;
 pub use kv_cache::KvCache;
 pub use logprobs::{
     logprobs_and_grads, logprobs_and_grads_at, token_logprobs, token_logprobs_at,

@@ -228,7 +228,8 @@ pub fn token_logprobs_host(
                 .zip(&lens)
                 .flat_map(|(r, &l)| r[..l].iter().copied())
                 .collect();
-            let varlen = VarLen::new(&lens, policy.dtype(), &dev)?;
+            let varlen =
+                VarLen::new(&lens, policy.dtype(), &dev)?.with_fused(policy.attends_fused());
             let (h, rc) = policy.hidden_packed(model, &packed, max_id, varlen, differentiable)?;
             let mut at = Vec::with_capacity(b);
             lens.iter().fold(0, |off, &l| {

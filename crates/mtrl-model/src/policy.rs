@@ -46,6 +46,8 @@ pub struct Policy {
     source_dir: Option<PathBuf>,
     /// Activation checkpointing of the packed training forward (see `transformer::recompute`).
     checkpoint_layers: bool,
+    /// The attention core of packed forwards.
+    attention: crate::AttentionKernel,
 }
 
 /// The HF names and shapes of every parameter of `cfg`.
@@ -188,6 +190,7 @@ impl Policy {
             train,
             source_dir: None,
             checkpoint_layers: false,
+            attention: crate::AttentionKernel::Auto,
         })
     }
 
@@ -253,6 +256,23 @@ impl Policy {
     /// recomputes one layer at a time. Same gradients, less memory, one more decoder forward.
     pub fn set_activation_checkpointing(&mut self, on: bool) {
         self.checkpoint_layers = on;
+    }
+
+    /// The attention core of packed forwards (the learner's, scoring's): fused (FlashAttention-2
+    /// on a GPU) or spelled; `Auto` fuses where the compiled kernel serves.
+    pub fn set_attention_kernel(&mut self, k: crate::AttentionKernel) {
+        self.attention = k;
+    }
+
+    /// What [`Self::set_attention_kernel`] chose.
+    pub fn attention_kernel(&self) -> crate::AttentionKernel {
+        self.attention
+    }
+
+    /// Whether packed forwards of this policy attend fused.
+    pub fn attends_fused(&self) -> bool {
+        self.attention
+            .fused_for(&self.device, self.dtype, self.config.head_dim)
     }
 
     /// Whether [`Self::set_activation_checkpointing`] is on.

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use candle_core::{DType, Device, Tensor};
 use common::*;
-use mtrl_model::{lora, token_logprobs, LoraSpec, Policy};
+use mtrl_model::{lora, token_logprobs, AttentionKernel, LoraSpec, Policy};
 
 /// Rows of different lengths (right padding to the longest).
 const LENS: [usize; 4] = [7, 13, 3, 10];
@@ -31,6 +31,22 @@ fn weight(i: usize, j: usize) -> f32 {
 }
 
 type Grads = BTreeMap<String, Vec<f32>>;
+
+/// `rows` right-padded to the longest: ids and attention `[b, t]`.
+fn batch(rows: &[Vec<u32>]) -> (Tensor, Tensor) {
+    let t = rows.iter().map(Vec::len).max().unwrap();
+    let b = rows.len();
+    let (mut ids, mut att) = (vec![0u32; b * t], vec![0u32; b * t]);
+    for (i, r) in rows.iter().enumerate() {
+        ids[i * t..i * t + r.len()].copy_from_slice(r);
+        att[i * t..i * t + r.len()].fill(1);
+    }
+    let dev = Device::Cpu;
+    (
+        Tensor::from_vec(ids, (b, t), &dev).unwrap(),
+        Tensor::from_vec(att, (b, t), &dev).unwrap(),
+    )
+}
 
 /// Log-probs (per row, valid positions), the loss `Σ w·logp` and the gradients of `rows` run as
 /// one right-padded batch.
@@ -166,9 +182,105 @@ fn checkpointing_gives_the_same_gradients(dtype: DType) {
     );
 }
 
+/// The fused attention core (FlashAttention-2 on CUDA; here its CPU twin, reading the row
+/// offsets in place, with RoPE on the packed positions) gives the spelled core's log-probs, loss
+/// and gradients, with and without activation checkpointing.
+fn fused_attention_gives_the_same_gradients(dtype: DType) {
+    let mut p = policy("qwen3", dtype);
+    p.set_attention_kernel(AttentionKernel::Spelled);
+    assert!(!p.attends_fused());
+    let (lp, loss, grads, _) = run(&p, &rows(), 0);
+    p.set_attention_kernel(AttentionKernel::Fused);
+    assert!(p.attends_fused());
+    let (lp2, loss2, grads2, _) = run(&p, &rows(), 0);
+    // The inference view (scoring: no graph, candle's fused RoPE) gives the same log-probs.
+    let (ids, att) = batch(&rows());
+    let scored = token_logprobs(&p, &ids, Some(&att), 1.0, false, 1 << 20)
+        .unwrap()
+        .logprobs
+        .to_dtype(DType::F32)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    let scored: Vec<Vec<f32>> = scored
+        .into_iter()
+        .zip(rows())
+        .map(|(l, r)| l[..r.len() - 1].to_vec())
+        .collect();
+    if dtype != DType::BF16 {
+        for (i, (a, b)) in scored.iter().zip(&lp2).enumerate() {
+            let d = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            assert!(d <= logprob_tol(dtype), "row {i}: scoring differs by {d}");
+        }
+    }
+    if dtype == DType::BF16 {
+        // bf16 rounds the spelled core's scores and probabilities; the fused core keeps them in
+        // f32 (f64 in the twin) and rounds its output once. Both are held to the f64 model.
+        let truth = run(&policy("qwen3", DType::F64), &rows(), 0);
+        // The mean error of the log-probs (the largest is one position's rounding luck).
+        let lp_err = |l: &[Vec<f32>]| {
+            let n = truth.0.iter().flatten().count() as f32;
+            l.iter()
+                .flatten()
+                .zip(truth.0.iter().flatten())
+                .map(|(x, y)| (x - y).abs())
+                .sum::<f32>()
+                / n
+        };
+        let (e_spelled, e_fused) = (lp_err(&lp), lp_err(&lp2));
+        // The inference view rounds differently again (candle's fused norms and RoPE in bf16).
+        let e_scored = lp_err(&scored);
+        eprintln!("bf16 vs f64: fused scoring {e_scored}");
+        assert!(
+            e_scored <= e_spelled * 1.5,
+            "fused scoring {e_scored} vs spelled {e_spelled}"
+        );
+        let (g_spelled, g_fused) = (grad_gap(&grads, &truth.2), grad_gap(&grads2, &truth.2));
+        eprintln!("bf16 vs f64: log-probs {e_spelled} spelled, {e_fused} fused; gradients {g_spelled} spelled, {g_fused} fused");
+        assert!(
+            e_fused <= e_spelled * 1.5,
+            "fused log-probs {e_fused} vs spelled {e_spelled}"
+        );
+        assert!(
+            g_fused <= g_spelled * 1.5,
+            "fused gradients {g_fused} vs spelled {g_spelled}"
+        );
+        return;
+    }
+    for (i, (a, b)) in lp.iter().zip(&lp2).enumerate() {
+        let d = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(d <= logprob_tol(dtype), "row {i}: log-probs differ by {d}");
+    }
+    assert!(
+        ((loss - loss2) / loss).abs() <= tol(dtype),
+        "loss {loss} spelled vs {loss2} fused"
+    );
+    let gap = grad_gap(&grads, &grads2);
+    assert!(gap <= tol(dtype), "gradients differ by {gap} (relative)");
+    p.set_activation_checkpointing(true);
+    let (lp3, loss3, grads3, recomputed) = run(&p, &rows(), 0);
+    assert!(recomputed);
+    assert_eq!(lp2, lp3, "checkpointing changed the fused forward");
+    assert_eq!(loss2, loss3);
+    let gap = grad_gap(&grads2, &grads3);
+    assert!(
+        gap <= tol(dtype) / 10.0,
+        "checkpointed gradients differ by {gap}"
+    );
+}
+
 per_kernels!(
     packing_matches_one_row_at_a_time,
-    checkpointing_gives_the_same_gradients
+    checkpointing_gives_the_same_gradients,
+    fused_attention_gives_the_same_gradients
 );
 
 fn lora_spec(dropout: f64, layers: Option<Vec<usize>>) -> LoraSpec {

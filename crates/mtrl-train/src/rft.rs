@@ -162,7 +162,7 @@ pub fn run(
     let device = mtrl_model::parse_device("cpu")?;
     let mut policy = Policy::load(base, DType::F32, &device)
         .with_context(|| format!("loading the base policy from {}", base.display()))?;
-    policy.set_activation_checkpointing(cfg.train.activation_checkpointing);
+    crate::setup::train_options(&mut policy, cfg);
     let mut selection = Selection::new(cfg, codec.clone(), &policy)?;
     let mut examples = sft::examples(codec.as_ref(), tools, &kept, false)?;
     // Exactly `steps` batches: the first few kept episodes repeat to fill the last one.

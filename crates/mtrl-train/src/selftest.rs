@@ -44,6 +44,7 @@ pub fn build_info() -> Value {
         "mtrl": env!("CARGO_PKG_VERSION"),
         "cuda": cfg!(feature = "cuda"),
         "cuda_compute_cap": if cfg!(feature = "cuda") { option_env!("CUDA_COMPUTE_CAP") } else { None },
+        "flash_attn": mtrl_model::flash_varlen::KERNEL_BUILT,
     })
 }
 

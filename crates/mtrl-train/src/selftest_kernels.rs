@@ -1,6 +1,8 @@
 //! `mtrl selftest`'s checks of mtrl's own kernels against their twins, on the selftest's device:
 //! on a GPU the CUDA kernel against the candle spelling it replaced (the KV write bit for bit, the
-//! paged decode attention within rounding), on the CPU the CPU twin against the same spelling. Also: no op ran on zero elements during the selftest.
+//! paged decode attention within rounding; FlashAttention-2's forward and backward against their
+//! CPU twin), on the CPU the CPU twin against the same spelling. Also: no op ran on zero elements
+//! during the selftest.
 
 use candle_core::{DType, Device, Tensor};
 use mtrl_model::kv_pool::{write_index, KvPool, SeqBlocks, BLOCK};
@@ -27,6 +29,17 @@ pub(crate) fn checks(dev: &Device) -> Result<Vec<(String, String, bool, Value)>>
             format!("{dtype:?}").to_lowercase(),
             d < tol,
             json!({"max_abs_diff": d, "tol": tol}),
+        ));
+    }
+    // The fused training attention: on a GPU only where the binary carries the kernel.
+    if dev.is_cpu() || mtrl_model::AttentionKernel::Auto.fused_for(dev, DType::BF16, 128) {
+        let (o, g) = mtrl_model::flash_varlen::check_against_twin(dev)?;
+        let (to, tg) = (2e-2f32, 5e-2f32);
+        out.push((
+            "fused attention kernel ≈ twin (fwd, bwd)".to_string(),
+            "bf16".to_string(),
+            o < to && g < tg,
+            json!({"max_rel_diff_out": o, "max_rel_diff_grad": g, "tol_out": to, "tol_grad": tg}),
         ));
     }
     Ok(out)

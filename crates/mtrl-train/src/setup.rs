@@ -111,7 +111,7 @@ pub fn initial_policy(cfg: &Config, parts: &ModelParts) -> Result<Policy> {
         }
     };
     parts.tokenizer.check_vocab(p.config().vocab_size)?;
-    p.set_activation_checkpointing(cfg.train.activation_checkpointing);
+    train_options(&mut p, cfg);
     match &cfg.lora {
         // A fresh adapter (B = 0: the policy starts as the base), drawn from the run's seed.
         Some(l) if l.init.is_none() => Ok(p.with_lora(lora_spec(l), None, seed)?),
@@ -356,4 +356,13 @@ pub fn open_index(cfg: &Config, quiet: bool) -> Result<(SearchIndex, BuildReport
     let mut bar = IndexBar::new(quiet);
     SearchIndex::open_or_build(search, &mut bar)
         .with_context(|| format!("cannot open the search index for {}", cfg.source.display()))
+}
+
+/// The `[train]` settings the policy itself carries (activation checkpointing, the attention
+/// core of its training forwards), for every place a run loads or builds its trainable policy.
+pub(crate) fn train_options(p: &mut Policy, cfg: &Config) {
+    p.set_activation_checkpointing(cfg.train.activation_checkpointing);
+    p.set_attention_kernel(
+        mtrl_model::AttentionKernel::parse(&cfg.train.attention_kernel).unwrap_or_default(),
+    );
 }

@@ -17,6 +17,9 @@
 //!                             # length; the forward runs them packed, without padding)
 //! activation_checkpointing = false  # keep only each layer's input; the backward recomputes
 //!                             # the layer (same gradients, ~1/3 more arithmetic, far less memory)
+//! attention_kernel = "auto"   # the training forward's attention core: "fused" (FlashAttention-2
+//!                             # on CUDA; the CPU twin elsewhere), "spelled", or "auto" (fused
+//!                             # where a binary built with `flash-attn` serves the model)
 //! grad_accumulation = "f32"   # dtype micro-batch gradients are summed in; "f64" (CPU) makes the
 //!                             # sum exact in any order, so N data-parallel ranks give one
 //!                             # process's weights bit for bit; the NCCL all-reduce
@@ -55,6 +58,7 @@ pub struct TrainSpec {
     pub seed: Option<u64>,
     pub micro_batch_tokens: Option<usize>,
     pub activation_checkpointing: Option<bool>,
+    pub attention_kernel: Option<String>,
     pub grad_accumulation: Option<String>,
     pub val_every: Option<u64>,
     pub val_tasks: Option<usize>,
@@ -95,6 +99,8 @@ pub struct TrainConfig {
     pub micro_batch_tokens: usize,
     /// Per-layer activation checkpointing of every training forward of the run.
     pub activation_checkpointing: bool,
+    /// `auto`, `fused` or `spelled`: the attention core of every training forward of the run.
+    pub attention_kernel: String,
     /// `f32` or `f64`: the dtype micro-batch gradients are summed in.
     pub grad_accumulation: String,
     /// 0 = no validation during training.
@@ -126,6 +132,7 @@ impl Default for TrainConfig {
             seed: 0,
             micro_batch_tokens: 8192,
             activation_checkpointing: false,
+            attention_kernel: "auto".into(),
             grad_accumulation: "f32".into(),
             val_every: 0,
             val_tasks: 0,
@@ -235,6 +242,16 @@ impl TrainSpec {
             activation_checkpointing: self
                 .activation_checkpointing
                 .unwrap_or(d.activation_checkpointing),
+            attention_kernel: match self.attention_kernel.as_deref() {
+                None => d.attention_kernel,
+                Some(a @ ("auto" | "fused" | "spelled")) => a.to_string(),
+                Some(other) => {
+                    return Err(ctx.invalid(
+                        "train.attention_kernel",
+                        format!("`{other}`: expected \"auto\", \"fused\" or \"spelled\""),
+                    ))
+                }
+            },
             grad_accumulation: match self.grad_accumulation.as_deref() {
                 None => d.grad_accumulation,
                 Some(a @ ("f32" | "f64")) => a.to_string(),

@@ -21,7 +21,7 @@ use crate::kv_cache::KvCache;
 use crate::transformer::backend::{Backend, Candle};
 use crate::transformer::lora;
 use crate::transformer::paged::{decode_gathered, DecodeTable};
-use crate::transformer::varlen::{padded_attention, VarLen};
+use crate::transformer::varlen::{fused_attention, padded_attention, VarLen};
 use crate::transformer::{decode_per_sequence, Angles, Attention, Linear, Mlp};
 
 /// The CPU f32 kernels (see the module docs).
@@ -147,6 +147,9 @@ impl Backend for CpuF32 {
         rope: &Angles,
         v: &VarLen,
     ) -> Result<Tensor> {
+        if v.fused() {
+            return fused_attention(self, a, x, rope, v, self.differentiable);
+        }
         if !self.packed_attention {
             return padded_attention(self, a, x, rope, v);
         }

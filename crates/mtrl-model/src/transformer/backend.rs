@@ -219,6 +219,9 @@ impl Backend for Candle {
         rope: &Angles,
         v: &VarLen,
     ) -> Result<Tensor> {
+        if v.fused() {
+            return varlen::fused_attention(self, a, x, rope, v, self.differentiable);
+        }
         varlen::padded_attention(self, a, x, rope, v)
     }
 

@@ -47,7 +47,7 @@ impl Transformer {
         ids: &Tensor,
         v: Arc<VarLen>,
     ) -> Result<(Tensor, Checkpointed)> {
-        let rope = self.rope.gather(&v.spread_positions()?)?;
+        let rope = v.angles(&self.rope)?;
         let counter = self.dropout_calls();
         let mut at = Vec::with_capacity(self.layers.len());
         let mut inputs = Vec::with_capacity(self.layers.len());

@@ -11,8 +11,12 @@
 //! packed tokens, [`VarLen::spread`] the products into a padded `[rows, t_max, ·]` layout (one
 //! row gather) where head split, q/k norm, RoPE and one batched attention under [`VarLen::mask`]
 //! run, and [`VarLen::gather`] the output back: a constant number of kernels whatever the row
-//! count. Rows of one length need neither gather (a reshape). A fused varlen kernel that reads
-//! `cu_seqlens` in place would replace the gathers on a GPU.
+//! count. Rows of one length need neither gather (a reshape).
+//!
+//! Fused ([`VarLen::with_fused`], chosen per forward by [`crate::AttentionKernel`]): q/k/v stay
+//! packed `[T, heads, d]`, norms and RoPE run per token (angles of the packed positions), and
+//! [`crate::flash_varlen`] attends reading the row offsets in place — FlashAttention-2 on CUDA,
+//! its twin elsewhere. No spread, no mask, no `[t_max, t_max]` score matrix is materialised.
 //!
 //! Exactness: padding keys are masked (probability exactly 0), and padding queries are dropped by
 //! the gather back (their gradient is exactly 0), so each row's output and gradients are those of
@@ -32,6 +36,10 @@ pub struct VarLen {
     dtype: DType,
     device: Device,
     padded: OnceLock<Padded>,
+    /// The attention core runs fused (see the module docs).
+    fused: bool,
+    /// `offsets` as u32 on the device (the fused kernel's `cu_seqlens`).
+    cu_seqlens: OnceLock<Tensor>,
 }
 
 /// The pure-candle spelling's gathers and mask.
@@ -61,7 +69,35 @@ impl VarLen {
             dtype,
             device: device.clone(),
             padded: OnceLock::new(),
+            fused: false,
+            cu_seqlens: OnceLock::new(),
         })
+    }
+
+    /// The same rows, attended fused (`true`) or through the padded spelling.
+    pub fn with_fused(mut self, fused: bool) -> Self {
+        self.fused = fused;
+        self
+    }
+
+    /// Whether the attention core runs fused.
+    pub fn fused(&self) -> bool {
+        self.fused
+    }
+
+    /// The row offsets on the device, `[rows + 1]` u32.
+    fn cu_seqlens(&self) -> Result<&Tensor> {
+        if let Some(c) = self.cu_seqlens.get() {
+            return Ok(c);
+        }
+        let offs: Vec<u32> = self.offsets.iter().map(|&o| o as u32).collect();
+        let _ = self
+            .cu_seqlens
+            .set(Tensor::from_vec(offs, self.offsets.len(), &self.device)?);
+        match self.cu_seqlens.get() {
+            Some(c) => Ok(c),
+            None => candle_core::bail!("row offsets not built"),
+        }
     }
 
     /// Tokens of all rows.
@@ -149,14 +185,65 @@ impl VarLen {
         Ok(&self.padded()?.mask)
     }
 
-    /// Positions `[rows, t_max]` of the spread layout: `0..t_max` in every row (a row's own
-    /// tokens are its first positions; the rest is padding).
-    pub(crate) fn spread_positions(&self) -> Result<Tensor> {
-        let (rows, len) = (self.offsets.len() - 1, self.max_len());
-        Tensor::arange(0u32, len as u32, &self.device)?
-            .unsqueeze(0)?
-            .repeat((rows, 1))
+    /// The RoPE angles every layer's attention takes: of the packed positions `[1, T]` (each
+    /// row from 0) when fused, else of the spread layout `[rows, t_max]` (`0..t_max` in every
+    /// row: a row's own tokens are its first positions; the rest is padding).
+    pub(crate) fn angles(&self, rope: &super::rope::Rope) -> Result<Angles> {
+        let positions = if self.fused {
+            let pos: Vec<u32> = self.rows().flat_map(|(_, l)| 0..l as u32).collect();
+            Tensor::from_vec(pos, (1, self.tokens()), &self.device)?
+        } else {
+            let (rows, len) = (self.offsets.len() - 1, self.max_len());
+            Tensor::arange(0u32, len as u32, &self.device)?
+                .unsqueeze(0)?
+                .repeat((rows, 1))?
+        };
+        rope.gather(&positions)
     }
+}
+
+/// The fused varlen self-attention of normed packed `x` `[1, T, hidden]` through `o_proj`;
+/// `rope`: the packed tokens' angles `[1, T, d / 2]`; `differentiable`: the training view's
+/// RoPE spelling (candle's fused RoPE has no backward).
+pub(crate) fn fused_attention(
+    be: &dyn Backend,
+    a: &Attention,
+    x: &Tensor,
+    rope: &Angles,
+    v: &VarLen,
+    differentiable: bool,
+) -> Result<Tensor> {
+    let t = v.tokens();
+    let (hd, kv, heads) = (a.head_dim, a.kv_heads, a.heads);
+    let q = be.linear(x, &a.q)?.reshape((1, t, heads, hd))?;
+    let k = be.linear(x, &a.k)?.reshape((1, t, kv, hd))?;
+    let val = be.linear(x, &a.v)?.reshape((t, kv, hd))?;
+    let q = match &a.q_norm {
+        Some(w) => be.rms_norm(&q, w, a.eps)?,
+        None => q,
+    };
+    let k = match &a.k_norm {
+        Some(w) => be.rms_norm(&k, w, a.eps)?,
+        None => k,
+    };
+    let q = rope_thd(&q, rope, differentiable)?.squeeze(0)?;
+    let k = rope_thd(&k, rope, differentiable)?.squeeze(0)?;
+    let out = crate::flash_varlen::attend(&q, &k, &val, &v.offsets, v.cu_seqlens()?)?;
+    be.linear(&out.reshape((1, t, heads * hd))?, &a.o)
+}
+
+/// RoPE of `x` `[1, T, heads, d]` (token-major) with `rope` `[1, T, d / 2]`.
+fn rope_thd(x: &Tensor, rope: &Angles, differentiable: bool) -> Result<Tensor> {
+    if !differentiable {
+        return candle_nn::rotary_emb::rope_thd(&x.contiguous()?, &rope.cos, &rope.sin);
+    }
+    let d = x.dim(3)?;
+    let cos = Tensor::cat(&[&rope.cos, &rope.cos], 2)?.unsqueeze(2)?;
+    let sin = Tensor::cat(&[&rope.sin, &rope.sin], 2)?.unsqueeze(2)?;
+    let x1 = x.narrow(3, 0, d / 2)?;
+    let x2 = x.narrow(3, d / 2, d / 2)?;
+    let rot = Tensor::cat(&[&x2.neg()?, &x1], 3)?;
+    x.broadcast_mul(&cos)? + rot.broadcast_mul(&sin)?
 }
 
 /// The pure-candle varlen self-attention of normed packed `x` `[1, T, hidden]` through `o_proj`;
@@ -178,7 +265,7 @@ impl Transformer {
     /// Final-normed hidden states `[1, T, hidden]` of packed rows `ids` `[1, T]` (see the module
     /// docs), recording the graph in the training view.
     pub fn forward_varlen(&self, ids: &Tensor, v: &VarLen) -> Result<Tensor> {
-        let rope = self.rope.gather(&v.spread_positions()?)?;
+        let rope = v.angles(&self.rope)?;
         let mut x = self.embed_ids(ids)?;
         for l in &self.layers {
             x = self.layer_varlen(l, x, &rope, v)?;

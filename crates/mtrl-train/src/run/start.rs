@@ -72,7 +72,7 @@ fn resume_policy(cfg: &Config, initial: Policy, dir: &Path, parts: &ModelParts) 
             );
         }
         let mut p = Policy::load(dir, parts.dtype, &parts.device)?;
-        p.set_activation_checkpointing(cfg.train.activation_checkpointing);
+        crate::setup::train_options(&mut p, cfg);
         return Ok(p);
     };
     let files = mtrl_model::lora::peft::load(dir, parts.dtype, &parts.device)?;

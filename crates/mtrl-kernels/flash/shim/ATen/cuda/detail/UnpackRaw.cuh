@@ -1,0 +1,19 @@
+// Stand-in for PyTorch's ATen/cuda/detail/UnpackRaw.cuh (at::cuda::philox::unpack), as PyTorch
+// spells it.
+#pragma once
+#include <tuple>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+namespace at {
+namespace cuda {
+namespace philox {
+__host__ __device__ __forceinline__ std::tuple<uint64_t, uint64_t> unpack(at::PhiloxCudaState arg) {
+  if (arg.captured_) {
+    return std::make_tuple(static_cast<uint64_t>(*arg.seed_.ptr),
+                           static_cast<uint64_t>(*(arg.offset_.ptr)) +
+                               static_cast<uint64_t>(arg.offset_intragraph_));
+  }
+  return std::make_tuple(arg.seed_.val, arg.offset_.val);
+}
+}  // namespace philox
+}  // namespace cuda
+}  // namespace at
