@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The `src/*.cu` files, each compiled to `$OUT_DIR/<name>.ptx`.
-const KERNELS: &[&str] = &["kv_write", "paged_decode"];
+const KERNELS: &[&str] = &["kv_write", "paged_decode", "logprob_head"];
 
 /// The FlashAttention-2 translation units taken (under `csrc/flash_attn/src`).
 const FLASH_UNITS: &[&str] = &[

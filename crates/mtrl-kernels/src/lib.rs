@@ -10,6 +10,9 @@
 //!   (`mtrl_model::paged_decode`; twins: its CPU loop and the candle spelling that gathers every
 //!   row's keys and values into a padded copy first).
 //!
+//! - `logprob_head.cu`: the log-prob head's passes over a chunk of logits — log-sum-exp, picked
+//!   log-prob and entropy in one kernel, the logits' gradient in another (`mtrl_model::
+//!   logprob_head`; twin: its CPU loop, held to candle's log-softmax spelling).
 //! - With `flash-attn`: FlashAttention-2's varlen causal forward and backward (bf16, head dims 64
 //!   and 128) as a static library behind the C functions of [`flash`] (`flash/api.cu`; used by
 //!   `mtrl_model::flash_varlen`, whose CPU twin runs the same arithmetic one query at a time).
@@ -34,6 +37,17 @@ pub const PAGED_DECODE_MODULE: &str = "mtrl_paged_decode";
 
 /// Threads per block of `paged_decode` (its `WARPS` × 32).
 pub const PAGED_DECODE_THREADS: u32 = 128;
+
+/// The PTX of `src/logprob_head.cu` (functions `lse_pick_entropy_{bf16,f16,f32}`,
+/// `dlogits_{bf16,f16,f32}`).
+#[cfg(feature = "cuda")]
+pub const LOGPROB_HEAD: &str = include_str!(concat!(env!("OUT_DIR"), "/logprob_head.ptx"));
+
+/// The module name `LOGPROB_HEAD` is loaded under.
+pub const LOGPROB_HEAD_MODULE: &str = "mtrl_logprob_head";
+
+/// Threads per block of `logprob_head`'s kernels (its `THREADS`).
+pub const LOGPROB_HEAD_THREADS: u32 = 256;
 
 /// FlashAttention-2's training attention (see `flash/api.cu` for layouts, scratch and return
 /// codes). Every pointer is a device pointer on the stream's device; `stream` is a `CUstream`.

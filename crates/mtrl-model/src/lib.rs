@@ -39,6 +39,7 @@ pub mod host;
 pub mod kv_cache;
 pub mod kv_pool;
 mod kv_write;
+pub mod logprob_head;
 pub mod logprobs;
 pub mod lora;
 pub mod paged_decode;

@@ -12,7 +12,8 @@
 //! Memory: full-vocabulary logits are never held for the whole batch. The decoder runs once with
 //! autograd up to the final hidden states `h` (`[rows, hidden]`, only valid rows kept); the
 //! vocabulary projection + log-softmax run in row chunks of at most `chunk_elems` logits, without
-//! a graph. `backward(dL/dlogp)` recomputes each chunk's logits and forms the exact gradients
+//! a graph (the CPU f32 kernels of `cpu::logits`, else `logprob_head`: one kernel per pass on
+//! CUDA). `backward(dL/dlogp)` recomputes each chunk's logits and forms the exact gradients
 //! `dL/dz = g · (onehot − softmax(z/T)) / T`, `dL/dh = dL/dz · W`, `dL/dW = dL/dzᵀ · h`, then
 //! backpropagates the surrogate `Σ h·stopgrad(dL/dh) + Σ W·stopgrad(dL/dW)` through the decoder,
 //! which yields the true gradient of every parameter (the tied embedding receives both uses).
@@ -61,20 +62,14 @@ pub struct TokenLogprobs {
     /// Per chunk, on the CPU fast path: the row log-sum-exps of `z / T` and, while the total stays
     /// within the logits budget, the logits `z` themselves (so backward need not recompute them).
     chunks: Vec<(Vec<f32>, Option<Tensor>)>,
+    /// Per chunk, on the candle path: the row log-sum-exps `[n]` f32 on the device.
+    lse_d: Vec<Tensor>,
+    /// On the candle path: the targets `[rows]` u32 on the device.
+    targets_d: Option<Tensor>,
     /// With activation checkpointing: the layers the backward recomputes.
     recompute: Option<Checkpointed>,
     /// The policy's trainable tensors: the gradient store is trimmed to them.
     params: Vec<Tensor>,
-}
-
-fn chunk_log_softmax(h: &Tensor, w: &Tensor, temperature: f64) -> Result<Tensor> {
-    let z = h.matmul(&w.t()?)?.to_dtype(DType::F32)?;
-    let z = if temperature == 1.0 {
-        z
-    } else {
-        (z / temperature)?
-    };
-    Ok(candle_nn::ops::log_softmax(&z, D::Minus1)?)
 }
 
 /// The gather index that spreads per-row values (`rows` order, then one 0 appended) over the
@@ -284,8 +279,14 @@ pub fn token_logprobs_host(
     let chunk_rows = (chunk_cap / vocab.max(1)).max(1);
     let mut values = vec![0f32; if fast { b * (t - 1) } else { 0 }];
     let mut entropy = values.clone();
-    // The candle path (CUDA): each chunk's picked log-probs and entropies stay on the device.
-    let (mut picked_d, mut ent_d) = (Vec::new(), Vec::new());
+    // The candle path (CUDA): each chunk's log-sum-exps, picked log-probs and entropies stay on
+    // the device; the targets go up once.
+    let (mut lse_d, mut picked_d, mut ent_d) = (Vec::new(), Vec::new(), Vec::new());
+    let targets_d = if fast || rows.is_empty() {
+        None
+    } else {
+        Some(Tensor::from_slice(&targets, targets.len(), &dev)?)
+    };
     let inv_t = (1.0 / temperature) as f32;
     let mut chunks = Vec::new();
     let mut kept = 0usize;
@@ -307,10 +308,14 @@ pub fn token_logprobs_host(
                 entropy[bi * (t - 1) + ti] = h;
             }
         } else {
-            let lsm = chunk_log_softmax(&hd.narrow(0, start, n)?, &wd, temperature)?;
-            let tgt = Tensor::from_slice(&targets[start..start + n], (n, 1), &dev)?;
-            picked_d.push(lsm.gather(&tgt, 1)?.squeeze(1)?);
-            ent_d.push((lsm.exp()? * &lsm)?.sum(1)?.neg()?);
+            // One kernel over the chunk's logits (CUDA; the twin elsewhere), in their dtype.
+            let z = hd.narrow(0, start, n)?.matmul(&wd.t()?)?;
+            let Some(all) = &targets_d else { break };
+            let tgt = all.narrow(0, start, n)?;
+            let o = crate::logprob_head::lse_pick_entropy(&z, &tgt, inv_t)?;
+            lse_d.push(o.narrow(1, 0, 1)?.squeeze(1)?);
+            picked_d.push(o.narrow(1, 1, 1)?.squeeze(1)?);
+            ent_d.push(o.narrow(1, 2, 1)?.squeeze(1)?);
         }
         start += n;
     }
@@ -338,6 +343,8 @@ pub fn token_logprobs_host(
         chunk_rows,
         shape: (b, t),
         chunks,
+        lse_d,
+        targets_d,
         recompute,
         params: policy
             .named_parameters()

@@ -31,6 +31,15 @@ pub(crate) fn checks(dev: &Device) -> Result<Vec<(String, String, bool, Value)>>
             json!({"max_abs_diff": d, "tol": tol}),
         ));
     }
+    for (dtype, tol) in [(DType::BF16, 1e-2f32), (DType::F32, 1e-4)] {
+        let (o, d) = mtrl_model::logprob_head::check_against_twin(dev, dtype)?;
+        out.push((
+            "log-prob head kernels ≈ twin (lse/pick/entropy, dz)".to_string(),
+            format!("{dtype:?}").to_lowercase(),
+            o < tol && d < tol,
+            json!({"max_rel_diff_stats": o, "max_rel_diff_dz": d, "tol": tol}),
+        ));
+    }
     // The fused training attention: on a GPU only where the binary carries the kernel.
     if dev.is_cpu() || mtrl_model::AttentionKernel::Auto.fused_for(dev, DType::BF16, 128) {
         let (o, g) = mtrl_model::flash_varlen::check_against_twin(dev)?;

@@ -5,7 +5,7 @@
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, Var};
 
-use super::{chunk_log_softmax, TokenLogprobs};
+use super::TokenLogprobs;
 use crate::cpu::logits::{chunk_grads, dlogits, logits};
 use crate::cpu::{self, uninit};
 use crate::error::{ModelError, Result};
@@ -59,7 +59,6 @@ impl TokenLogprobs {
         };
         let wd = self.lm_head.detach();
         let hd = self.hidden.detach();
-        let wdt = wd.dtype();
         let vocab = wd.dim(0)?;
         let fast = cpu::handles(wd.device(), wd.dtype())
             && self.chunks.len() == self.rows.len().div_ceil(self.chunk_rows);
@@ -101,14 +100,20 @@ impl TokenLogprobs {
                 let dh = &mut dh_buf[start * hs..(start + n) * hs];
                 chunk_grads(&dz, &wd, &hc, dh, &mut dw_buf, ci > 0)?;
             } else {
-                // dz = g · (onehot − p) / T: −g·p/T everywhere, then + g/T at each target
-                // (a scatter along the vocabulary, parallel over rows; no one-hot is built).
-                let p = chunk_log_softmax(&hc, &wd, self.temperature)?.exp()?;
-                let tgt = Tensor::from_slice(&self.targets[start..start + n], (n, 1), &dev)?;
-                let Some(g) = &g_rows else { break };
-                let g = (g.narrow(0, start, n)?.unsqueeze(1)? / self.temperature)?;
-                let dz = p.broadcast_mul(&g.neg()?)?.scatter_add(&tgt, &g, 1)?;
-                let dz_w = dz.to_dtype(wdt)?;
+                // dz = g · (onehot − p) / T in the weights' dtype, one kernel over the chunk's
+                // recomputed logits with the forward's log-sum-exps (no one-hot is built).
+                let (Some(g), Some(tg), Some(lse)) = (&g_rows, &self.targets_d, self.lse_d.get(ci))
+                else {
+                    break;
+                };
+                let z = hc.matmul(&wd.t()?)?;
+                let dz_w = crate::logprob_head::dlogits(
+                    &z,
+                    lse,
+                    &tg.narrow(0, start, n)?,
+                    &g.narrow(0, start, n)?,
+                    inv_t,
+                )?;
                 dh_chunks.push(dz_w.matmul(&wd)?);
                 if head_grad {
                     // In the weights' dtype (bf16 on a GPU: tensor cores, f32 accumulation, as
