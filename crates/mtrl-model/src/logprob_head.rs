@@ -75,11 +75,11 @@ fn slice<'a, T: candle_core::WithDType>(s: &'a CpuStorage, l: &Layout) -> Result
     Ok(&s.as_slice::<T>()?[a..b])
 }
 
-/// The twin of `lse_pick_entropy` (f64 inside).
+/// The twin of `lse_pick_entropy` (f64 inside), rows in parallel on the CPU pool.
 fn twin_lpe<T: candle_core::WithDType>(z: &[T], targets: &[u32], inv_t: f64) -> Vec<f32> {
     let vocab = z.len() / targets.len().max(1);
-    let mut out = Vec::with_capacity(3 * targets.len());
-    for (r, &t) in targets.iter().enumerate() {
+    let mut out = vec![0f32; 3 * targets.len()];
+    crate::cpu::for_rows(&mut out, 3, 6, |r, o| {
         let row = &z[r * vocab..][..vocab];
         let m = row
             .iter()
@@ -93,14 +93,30 @@ fn twin_lpe<T: candle_core::WithDType>(z: &[T], targets: &[u32], inv_t: f64) -> 
             e += p * y;
         }
         let lse = m + s.ln();
-        out.push(lse as f32);
-        out.push((row[t as usize].to_f64() * inv_t - lse) as f32);
-        out.push((lse - e / s).max(0.0) as f32);
-    }
+        o[0] = lse as f32;
+        o[1] = (row[targets[r] as usize].to_f64() * inv_t - lse) as f32;
+        o[2] = (lse - e / s).max(0.0) as f32;
+    });
     out
 }
 
-/// The twin of `dlogits`.
+/// `dz` of row `r` into `o` (f64 arithmetic, any output type).
+fn dz_row<T: candle_core::WithDType, O>(
+    row: &[T],
+    (l, c, t): (f64, f64, usize),
+    inv_t: f64,
+    o: &mut [O],
+    put: impl Fn(f64) -> O,
+) {
+    for (col, (x, oe)) in row.iter().zip(o.iter_mut()).enumerate() {
+        let p = (x.to_f64() * inv_t - l).exp();
+        let hot = if col == t { 1.0 } else { 0.0 };
+        *oe = put(c * (hot - p));
+    }
+}
+
+/// The twin of `dlogits`: f64 models row by row in f64; the others' rows in parallel through an
+/// f32 buffer (the kernel's own precision), then cast.
 fn twin_dz<T: candle_core::WithDType>(
     z: &[T],
     lse: &[f32],
@@ -109,16 +125,19 @@ fn twin_dz<T: candle_core::WithDType>(
     inv_t: f64,
 ) -> Vec<T> {
     let vocab = z.len() / targets.len().max(1);
-    let mut out = Vec::with_capacity(z.len());
-    for (r, &t) in targets.iter().enumerate() {
-        let (c, l) = (g[r] as f64 * inv_t, lse[r] as f64);
-        for (col, x) in z[r * vocab..][..vocab].iter().enumerate() {
-            let p = (x.to_f64() * inv_t - l).exp();
-            let hot = if col == t as usize { 1.0 } else { 0.0 };
-            out.push(T::from_f64(c * (hot - p)));
+    let args = |r: usize| (lse[r] as f64, g[r] as f64 * inv_t, targets[r] as usize);
+    if T::DTYPE == DType::F64 {
+        let mut out = vec![T::zero(); z.len()];
+        for (r, o) in out.chunks_mut(vocab.max(1)).enumerate() {
+            dz_row(&z[r * vocab..][..vocab], args(r), inv_t, o, T::from_f64);
         }
+        return out;
     }
-    out
+    let mut out = vec![0f32; z.len()];
+    crate::cpu::par_rows(&mut out, vocab, |r, o| {
+        dz_row(&z[r * vocab..][..vocab], args(r), inv_t, o, |x| x as f32);
+    });
+    out.into_iter().map(|x| T::from_f64(x as f64)).collect()
 }
 
 impl CustomOp1 for Lpe {

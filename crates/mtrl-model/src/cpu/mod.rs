@@ -62,6 +62,7 @@ mod vexp;
 
 pub(crate) use backend::CpuF32;
 pub(crate) use gemm::uninit;
+pub(crate) use pool::{for_rows, par_rows};
 
 /// Whether the kernels of this module serve tensors on `dev` in `dtype`: the CPU, in f32.
 pub(crate) fn handles(dev: &Device, dtype: DType) -> bool {
