@@ -141,7 +141,7 @@ extern "C" int mtrl_flash_varlen_fwd(const void* q, const void* k, const void* v
                                      uint64_t* rng_state, cudaStream_t stream) {
   int c = check(batch, max_seqlen, total, heads, heads_k, head_dim, is_bf16);
   if (c != 0) return c;
-  FLASH_NAMESPACE::Flash_fwd_params p;
+  FLASH_NAMESPACE::Flash_fwd_params p = {};
   set_fwd(p, q, k, v, out, lse, cu_seqlens, batch, max_seqlen, total, heads, heads_k, head_dim,
           scale, rng_state);
   if (head_dim == 64) {
@@ -164,7 +164,9 @@ extern "C" int mtrl_flash_varlen_bwd(const void* dout, const void* q, const void
   int c = check(batch, max_seqlen, total, heads, heads_k, head_dim, is_bf16);
   if (c != 0) return c;
   if (dq_splits <= 0) return fail(1, "flash attention: dq_splits must be at least 1");
-  FLASH_NAMESPACE::Flash_bwd_params p;
+  // Value-initialised: set_fwd resets only the forward part, and every field of the backward's
+  // own part not set below (the batch strides: unused with cu_seqlens) must be zero.
+  FLASH_NAMESPACE::Flash_bwd_params p = {};
   set_fwd(p, q, k, v, const_cast<void*>(out), const_cast<float*>(lse), cu_seqlens, batch,
           max_seqlen, total, heads, heads_k, head_dim, scale, rng_state);
   const int64_t hd = (int64_t)heads * head_dim;
