@@ -39,6 +39,26 @@ pub fn engine_device(learner: &Device) -> Result<Device> {
     }
 }
 
+/// The first `n` elements (from its layout's start) of a contiguous tensor's storage on the GPU,
+/// for a kernel launch beside the op's operands (an index, row offsets, a kept log-sum-exp);
+/// `what` names it in the error.
+#[cfg(feature = "cuda")]
+pub(crate) fn cuda_view<'a, T: candle_core::cuda_backend::CudaDType>(
+    st: &'a candle_core::Storage,
+    l: &candle_core::Layout,
+    n: usize,
+    what: &str,
+) -> candle_core::Result<candle_core::cuda_backend::cudarc::driver::CudaView<'a, T>> {
+    let candle_core::Storage::Cuda(s) = st else {
+        candle_core::bail!("{what} must be on the GPU")
+    };
+    if !l.is_contiguous() {
+        candle_core::bail!("{what} must be contiguous")
+    }
+    let o = l.start_offset();
+    Ok(s.as_cuda_slice::<T>()?.slice(o..o + n))
+}
+
 /// Opens CUDA device `ordinal` with its own stream and applies the settings of the module header.
 #[cfg(feature = "cuda")]
 pub(crate) fn open_cuda(ordinal: usize) -> Result<Device> {

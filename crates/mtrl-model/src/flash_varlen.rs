@@ -16,7 +16,11 @@
 use std::sync::Mutex;
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Storage, Tensor};
+
+use crate::cpu::slice_of;
+use candle_core::{
+    CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Storage, Tensor, D,
+};
 
 /// Which attention core a packed forward (the learner's, the scoring of log-probs) runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -77,7 +81,7 @@ pub(crate) struct FlashVarlen {
     /// Row boundaries, `[rows + 1]`.
     pub offsets: Vec<usize>,
     /// `offsets` as u32 on the operands' device (the kernel reads them as int32).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    #[cfg_attr(not(feature = "flash-attn"), allow(dead_code))]
     pub cu_seqlens: Tensor,
     pub scale: f64,
     /// The forward's `lse` `[heads, T]` f32, taken by the backward.
@@ -103,19 +107,8 @@ pub(crate) fn attend(
     offsets: &[usize],
     cu_seqlens: &Tensor,
 ) -> Result<Tensor> {
-    let (t, heads, d) = q.dims3()?;
-    let (tk, kv, dk) = k.dims3()?;
-    if tk != t || dk != d || v.dims() != k.dims() || kv == 0 || heads % kv != 0 {
-        candle_core::bail!(
-            "fused attention: q {:?}, k {:?}, v {:?}",
-            q.dims(),
-            k.dims(),
-            v.dims()
-        )
-    }
-    if offsets.first() != Some(&0) || offsets.last() != Some(&t) {
-        candle_core::bail!("fused attention: rows {offsets:?} do not cover {t} tokens")
-    }
+    // Shapes and rows are checked where the op runs (`FlashVarlen::dims`).
+    let d = q.dim(D::Minus1)?;
     let op = FlashVarlen {
         offsets: offsets.to_vec(),
         cu_seqlens: cu_seqlens.clone(),
@@ -137,8 +130,11 @@ impl FlashVarlen {
         if !(q.is_contiguous() && k.is_contiguous() && v.is_contiguous()) {
             candle_core::bail!("fused attention: operands must be contiguous")
         }
-        if self.offsets.last() != Some(&t) {
-            candle_core::bail!("fused attention: rows do not cover {t} tokens")
+        if self.offsets.first() != Some(&0) || self.offsets.last() != Some(&t) {
+            candle_core::bail!(
+                "fused attention: rows {:?} do not cover {t} tokens",
+                self.offsets
+            )
         }
         Ok((t, heads, kv, d))
     }
@@ -152,14 +148,6 @@ impl FlashVarlen {
             Err(_) => candle_core::bail!("fused attention: lse lock poisoned"),
         }
     }
-}
-
-/// A contiguous slice of `s` under `l`.
-fn slice<'a, T: candle_core::WithDType>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [T]> {
-    let Some((a, b)) = l.contiguous_offsets() else {
-        candle_core::bail!("fused attention: operand not contiguous")
-    };
-    Ok(&s.as_slice::<T>()?[a..b])
 }
 
 impl CustomOp3 for FlashVarlen {
@@ -181,9 +169,9 @@ impl CustomOp3 for FlashVarlen {
         macro_rules! run {
             ($ty:ty) => {{
                 let (out, lse) = twin::forward::<$ty>(
-                    slice(s1, l1)?,
-                    slice(s2, l2)?,
-                    slice(s3, l3)?,
+                    slice_of(s1, l1)?,
+                    slice_of(s2, l2)?,
+                    slice_of(s3, l3)?,
                     &self.offsets,
                     dims,
                     self.scale,
@@ -288,11 +276,11 @@ impl CustomOp3 for FlashVarlenBwd<'_> {
             ($ty:ty) => {
                 <$ty as candle_core::WithDType>::to_cpu_storage_owned(twin::backward::<$ty>(
                     twin::Operands {
-                        q: slice(s1, l1)?,
-                        k: slice(s2, l2)?,
-                        v: slice(s3, l3)?,
-                        out: slice(os, ol)?,
-                        dout: slice(gs, gl)?,
+                        q: slice_of(s1, l1)?,
+                        k: slice_of(s2, l2)?,
+                        v: slice_of(s3, l3)?,
+                        out: slice_of(os, ol)?,
+                        dout: slice_of(gs, gl)?,
                         lse: &lse,
                     },
                     &self.fwd.offsets,

@@ -13,6 +13,8 @@
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
+use crate::cpu::{slice_of, twin_vec};
+
 /// `[n, 3]` f32: `(lse, picked log-prob, entropy)` of each row of `z` `[n, V]` at temperature
 /// `1 / inv_t`; `targets` `[n]` u32 on `z`'s device.
 pub(crate) fn lse_pick_entropy(z: &Tensor, targets: &Tensor, inv_t: f32) -> Result<Tensor> {
@@ -61,18 +63,6 @@ struct Lpe {
 struct Dz {
     targets: Tensor,
     inv_t: f32,
-}
-
-/// The host copy of a u32 or f32 vector tensor.
-fn host<T: candle_core::WithDType>(t: &Tensor) -> Result<Vec<T>> {
-    t.to_device(&candle_core::Device::Cpu)?.to_vec1::<T>()
-}
-
-fn slice<'a, T: candle_core::WithDType>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [T]> {
-    let Some((a, b)) = l.contiguous_offsets() else {
-        candle_core::bail!("log-prob head: operand not contiguous")
-    };
-    Ok(&s.as_slice::<T>()?[a..b])
 }
 
 /// The twin of `lse_pick_entropy` (f64 inside), rows in parallel on the CPU pool.
@@ -147,13 +137,13 @@ impl CustomOp1 for Lpe {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let (n, _) = l.shape().dims2()?;
-        let t = host::<u32>(&self.targets)?;
+        let t = twin_vec::<u32>(&self.targets)?;
         let inv_t = self.inv_t as f64;
         let out = match s.dtype() {
-            DType::F32 => twin_lpe(slice::<f32>(s, l)?, &t, inv_t),
-            DType::F64 => twin_lpe(slice::<f64>(s, l)?, &t, inv_t),
-            DType::BF16 => twin_lpe(slice::<half::bf16>(s, l)?, &t, inv_t),
-            DType::F16 => twin_lpe(slice::<half::f16>(s, l)?, &t, inv_t),
+            DType::F32 => twin_lpe(slice_of::<f32>(s, l)?, &t, inv_t),
+            DType::F64 => twin_lpe(slice_of::<f64>(s, l)?, &t, inv_t),
+            DType::BF16 => twin_lpe(slice_of::<half::bf16>(s, l)?, &t, inv_t),
+            DType::F16 => twin_lpe(slice_of::<half::f16>(s, l)?, &t, inv_t),
             other => candle_core::bail!("log-prob head: no twin for {other:?}"),
         };
         Ok((CpuStorage::F32(out), Shape::from((n, 3))))
@@ -183,13 +173,13 @@ impl CustomOp3 for Dz {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let t = host::<u32>(&self.targets)?;
-        let (lse, g) = (slice::<f32>(s2, l2)?, slice::<f32>(s3, l3)?);
+        let t = twin_vec::<u32>(&self.targets)?;
+        let (lse, g) = (slice_of::<f32>(s2, l2)?, slice_of::<f32>(s3, l3)?);
         let inv_t = self.inv_t as f64;
         macro_rules! run {
             ($ty:ty) => {
                 <$ty as candle_core::WithDType>::to_cpu_storage_owned(twin_dz(
-                    slice::<$ty>(s1, l1)?,
+                    slice_of::<$ty>(s1, l1)?,
                     lse,
                     &t,
                     g,

@@ -82,11 +82,6 @@ impl PagedDecode {
     }
 }
 
-/// The twin's host copies of the index and lengths.
-fn host_u32(t: &Tensor) -> Result<Vec<u32>> {
-    t.to_device(&candle_core::Device::Cpu)?.to_vec1::<u32>()
-}
-
 /// The CPU twin: per (row, head), an online softmax over the row's positions in order, in f32.
 #[allow(clippy::too_many_arguments)]
 fn twin<T: WithDType>(
@@ -159,7 +154,10 @@ impl CustomOp3 for PagedDecode {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (n, heads, d, rows) = self.dims(l1, l2, l3)?;
-        let (idx, lens) = (host_u32(&self.idx)?, host_u32(&self.lens)?);
+        let (idx, lens) = (
+            crate::cpu::twin_vec::<u32>(&self.idx)?,
+            crate::cpu::twin_vec::<u32>(&self.lens)?,
+        );
         let dims = (heads, self.kv, self.s_max, d);
         let (o1, o2, o3) = (l1.start_offset(), l2.start_offset(), l3.start_offset());
         let (nq, np) = (n * heads * d, rows * d);
@@ -204,17 +202,14 @@ impl CustomOp3 for PagedDecode {
         let dev = s1.device().clone();
         let (idx_st, idx_l) = self.idx.storage_and_layout();
         let (lens_st, lens_l) = self.lens.storage_and_layout();
-        let (candle_core::Storage::Cuda(idx_s), candle_core::Storage::Cuda(lens_s)) =
-            (&*idx_st, &*lens_st)
-        else {
-            candle_core::bail!("paged decode: the index and lengths must be on the GPU")
-        };
-        let idx = idx_s
-            .as_cuda_slice::<u32>()?
-            .slice(idx_l.start_offset()..idx_l.start_offset() + n * self.kv * self.s_max);
-        let lens = lens_s
-            .as_cuda_slice::<u32>()?
-            .slice(lens_l.start_offset()..lens_l.start_offset() + n);
+        let idx = crate::device::cuda_view::<u32>(
+            &idx_st,
+            idx_l,
+            n * self.kv * self.s_max,
+            "paged decode: the index",
+        )?;
+        let lens =
+            crate::device::cuda_view::<u32>(&lens_st, lens_l, n, "paged decode: the lengths")?;
         let cfg = LaunchConfig {
             grid_dim: (heads as u32, n as u32, 1),
             block_dim: (mtrl_kernels::PAGED_DECODE_THREADS, 1, 1),

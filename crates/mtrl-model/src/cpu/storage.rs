@@ -4,14 +4,27 @@
 //! error, never a panic, when a tensor is not on the CPU or not f32: the dispatch in
 //! [`super::backend`] only routes CPU f32 tensors here, so such an error is a bug upstream.
 
-use candle_core::{CpuStorage, Layout, Result, Storage, Tensor};
+use candle_core::{CpuStorage, Layout, Result, Storage, Tensor, WithDType};
 
 /// The f32 elements of a contiguous layout of `s`.
 pub(crate) fn slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
+    slice_of::<f32>(s, l)
+}
+
+/// The elements of a contiguous layout of `s`, in any dtype (the CPU twins of the CUDA kernels).
+pub(crate) fn slice_of<'a, T: WithDType>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [T]> {
     let Some((a, b)) = l.contiguous_offsets() else {
         candle_core::bail!("fused kernels need contiguous inputs")
     };
-    Ok(&s.as_slice::<f32>()?[a..b])
+    Ok(&s.as_slice::<T>()?[a..b])
+}
+
+/// The elements of an operand a CPU twin reads beside its storages (an index, the targets), as a
+/// host vector. Not a counted device read (`crate::host`): the twins run on the CPU.
+pub(crate) fn twin_vec<T: WithDType>(t: &Tensor) -> Result<Vec<T>> {
+    t.to_device(&candle_core::Device::Cpu)?
+        .flatten_all()?
+        .to_vec1::<T>()
 }
 
 /// The f32 buffer of a storage (from its start; callers add their layout's offset).

@@ -46,11 +46,12 @@ mod kernel {
 
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut};
-    use candle_core::{CudaStorage, DType, Layout, Result, Storage, Tensor};
+    use candle_core::{CudaStorage, DType, Result, Tensor};
     use half::bf16;
     use mtrl_kernels::flash as ffi;
 
     use super::{FlashVarlen, Operand};
+    use crate::device::cuda_view;
 
     /// The bf16 view of an operand under its (contiguous) layout.
     fn view<'a>((s, l): Operand<'a>, n: usize) -> Result<CudaView<'a, bf16>> {
@@ -62,21 +63,6 @@ mod kernel {
         }
         let o = l.start_offset();
         Ok(s.as_cuda_slice::<bf16>()?.slice(o..o + n))
-    }
-
-    /// The bf16 view of a tensor on the GPU (contiguous).
-    fn tensor_view<'a>(
-        storage: &'a Storage,
-        l: &'a Layout,
-        n: usize,
-    ) -> Result<CudaView<'a, bf16>> {
-        let Storage::Cuda(s) = storage else {
-            candle_core::bail!("fused attention: out and dout must be on the GPU")
-        };
-        if !l.is_contiguous() {
-            candle_core::bail!("fused attention: out and dout must be contiguous")
-        }
-        view((s, l), n)
     }
 
     fn rows(op: &FlashVarlen) -> (i32, i32) {
@@ -112,12 +98,7 @@ mod kernel {
             view(v, t * kv * d)?,
         );
         let (cs, cl) = op.cu_seqlens.storage_and_layout();
-        let Storage::Cuda(cs) = &*cs else {
-            candle_core::bail!("fused attention: row offsets must be on the GPU")
-        };
-        let cu = cs
-            .as_cuda_slice::<u32>()?
-            .slice(cl.start_offset()..cl.start_offset() + op.offsets.len());
+        let cu = cuda_view::<u32>(&cs, cl, op.offsets.len(), "fused attention: row offsets")?;
         // SAFETY: every element of `out` and `lse` is written by the kernel (each query of each
         // row, each head).
         let mut out = unsafe { dev.alloc::<bf16>(t * heads * d) }?;
@@ -173,21 +154,12 @@ mod kernel {
         let (qv, kv_, vv) = (view(q, n)?, view(k, t * kv * d)?, view(v, t * kv * d)?);
         let (os, ol) = out.storage_and_layout();
         let (gs, gl) = dout.storage_and_layout();
-        let (ov, gv) = (tensor_view(&os, ol, n)?, tensor_view(&gs, gl, n)?);
+        let ov = cuda_view::<bf16>(&os, ol, n, "fused attention: out")?;
+        let gv = cuda_view::<bf16>(&gs, gl, n, "fused attention: dout")?;
         let (ls, ll) = lse.storage_and_layout();
-        let Storage::Cuda(ls) = &*ls else {
-            candle_core::bail!("fused attention: lse must be on the GPU")
-        };
-        let lv = ls
-            .as_cuda_slice::<f32>()?
-            .slice(ll.start_offset()..ll.start_offset() + heads * t);
+        let lv = cuda_view::<f32>(&ls, ll, heads * t, "fused attention: lse")?;
         let (cs, cl) = op.cu_seqlens.storage_and_layout();
-        let Storage::Cuda(cs) = &*cs else {
-            candle_core::bail!("fused attention: row offsets must be on the GPU")
-        };
-        let cu = cs
-            .as_cuda_slice::<u32>()?
-            .slice(cl.start_offset()..cl.start_offset() + op.offsets.len());
+        let cu = cuda_view::<u32>(&cs, cl, op.offsets.len(), "fused attention: row offsets")?;
         let (batch, max) = rows(op);
         // SAFETY: a plain query of the device's SM count.
         let splits = unsafe { ffi::mtrl_flash_dq_splits(batch, heads as i32) }.max(1) as usize;

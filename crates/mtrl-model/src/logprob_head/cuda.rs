@@ -3,33 +3,19 @@
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
-use candle_core::{CudaStorage, DType, Layout, Result, Shape, Storage, Tensor};
+use candle_core::{CudaStorage, DType, Layout, Result, Shape};
 
 use super::{Dz, Lpe};
 
 type Operand<'a> = (&'a CudaStorage, &'a Layout);
 
-/// The targets' device slice `[n]`.
-fn with_targets<R>(
-    t: &Tensor,
-    n: usize,
-    f: impl FnOnce(&candle_core::cuda_backend::cudarc::driver::CudaView<'_, u32>) -> Result<R>,
-) -> Result<R> {
-    let (st, l) = t.storage_and_layout();
-    let Storage::Cuda(s) = &*st else {
-        candle_core::bail!("log-prob head: targets must be on the GPU")
-    };
-    let v = s
-        .as_cuda_slice::<u32>()?
-        .slice(l.start_offset()..l.start_offset() + n);
-    f(&v)
-}
-
 pub(super) fn lpe(op: &Lpe, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
     let (n, vocab) = l.shape().dims2()?;
     let dev = s.device().clone();
     let o = l.start_offset();
-    let out = with_targets(&op.targets, n, |t| {
+    let (ts, tl) = op.targets.storage_and_layout();
+    let t = &crate::device::cuda_view::<u32>(&ts, tl, n, "log-prob head: targets")?;
+    let out = {
         // SAFETY: every row's three values are written by its block.
         let out = unsafe { dev.alloc::<f32>(3 * n) }?;
         let cfg = LaunchConfig {
@@ -63,8 +49,8 @@ pub(super) fn lpe(op: &Lpe, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage,
             DType::F32 => launch!(f32, "lse_pick_entropy_f32"),
             other => candle_core::bail!("log-prob head: no kernel for {other:?}"),
         }
-        Ok(out)
-    })?;
+        out
+    };
     Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((n, 3))))
 }
 
@@ -93,7 +79,9 @@ pub(super) fn dz(
         shared_mem_bytes: 0,
     };
     let v32 = vocab as u32;
-    let out = with_targets(&op.targets, n, |t| {
+    let (ts, tl) = op.targets.storage_and_layout();
+    let t = &crate::device::cuda_view::<u32>(&ts, tl, n, "log-prob head: targets")?;
+    let out = {
         macro_rules! launch {
             ($ty:ty, $func:literal) => {{
                 let f = dev.get_or_load_custom_func(
@@ -117,12 +105,12 @@ pub(super) fn dz(
                 CudaStorage::wrap_cuda_slice(dz, dev.clone())
             }};
         }
-        Ok(match s.dtype() {
+        match s.dtype() {
             DType::BF16 => launch!(half::bf16, "dlogits_bf16"),
             DType::F16 => launch!(half::f16, "dlogits_f16"),
             DType::F32 => launch!(f32, "dlogits_f32"),
             other => candle_core::bail!("log-prob head: no kernel for {other:?}"),
-        })
-    })?;
+        }
+    };
     Ok((out, Shape::from((n, vocab))))
 }

@@ -157,13 +157,7 @@ impl Backend for Candle {
         if !self.differentiable {
             return candle_nn::rotary_emb::rope(&x.contiguous()?, cos, sin);
         }
-        let d = x.dim(D::Minus1)?;
-        let cos = Tensor::cat(&[cos, cos], D::Minus1)?.unsqueeze(1)?;
-        let sin = Tensor::cat(&[sin, sin], D::Minus1)?.unsqueeze(1)?;
-        let x1 = x.narrow(D::Minus1, 0, d / 2)?;
-        let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
-        let rot = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
-        x.broadcast_mul(&cos)? + rot.broadcast_mul(&sin)?
+        super::rope::spelled(x, cos, sin, 1)
     }
 
     fn attention(

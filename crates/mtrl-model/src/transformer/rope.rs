@@ -56,3 +56,16 @@ impl Rope {
         })
     }
 }
+
+/// RoPE of `x` spelled with candle ops (every op records a backward: candle's fused RoPE has
+/// none): rotate-half of the last dimension, with `cos`/`sin` `[b, t, d / 2]` broadcast over the
+/// head axis `head_axis` of `x` (1 for `[b, heads, t, d]`, 2 for token-major `[b, t, heads, d]`).
+pub(crate) fn spelled(x: &Tensor, cos: &Tensor, sin: &Tensor, head_axis: usize) -> Result<Tensor> {
+    let d = x.dim(candle_core::D::Minus1)?;
+    let cos = Tensor::cat(&[cos, cos], candle_core::D::Minus1)?.unsqueeze(head_axis)?;
+    let sin = Tensor::cat(&[sin, sin], candle_core::D::Minus1)?.unsqueeze(head_axis)?;
+    let x1 = x.narrow(candle_core::D::Minus1, 0, d / 2)?;
+    let x2 = x.narrow(candle_core::D::Minus1, d / 2, d / 2)?;
+    let rot = Tensor::cat(&[&x2.neg()?, &x1], candle_core::D::Minus1)?;
+    x.broadcast_mul(&cos)? + rot.broadcast_mul(&sin)?
+}

@@ -237,13 +237,7 @@ fn rope_thd(x: &Tensor, rope: &Angles, differentiable: bool) -> Result<Tensor> {
     if !differentiable {
         return candle_nn::rotary_emb::rope_thd(&x.contiguous()?, &rope.cos, &rope.sin);
     }
-    let d = x.dim(3)?;
-    let cos = Tensor::cat(&[&rope.cos, &rope.cos], 2)?.unsqueeze(2)?;
-    let sin = Tensor::cat(&[&rope.sin, &rope.sin], 2)?.unsqueeze(2)?;
-    let x1 = x.narrow(3, 0, d / 2)?;
-    let x2 = x.narrow(3, d / 2, d / 2)?;
-    let rot = Tensor::cat(&[&x2.neg()?, &x1], 3)?;
-    x.broadcast_mul(&cos)? + rot.broadcast_mul(&sin)?
+    super::rope::spelled(x, &rope.cos, &rope.sin, 2)
 }
 
 /// The pure-candle varlen self-attention of normed packed `x` `[1, T, hidden]` through `o_proj`;
