@@ -5,14 +5,16 @@
 //! (`$MTRL_FLASH_ATTN_SRC`), with `flash/api.cu`, into a static library (SASS for
 //! `sm_$CUDA_COMPUTE_CAP`). Each object is kept under `$MTRL_KERNEL_CACHE_DIR` (default: the
 //! build's `OUT_DIR`) by a hash of its inputs, so a rebuild after `cargo clean` or in another
-//! target dir reuses it. Without `cuda`: nothing (the crate is then empty), so CPU builds never
-//! need CUDA.
+//! target dir reuses it. With `emu`: the same `src/*.cu` as host C++ under `emu/include/cuda_emu.h`
+//! (the CUDA subset they use, on host threads) into a static library, so tests run the kernels
+//! on a CPU. Without `cuda` or `emu`: nothing (the crate is then empty), so CPU builds never need
+//! CUDA.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The `src/*.cu` files, each compiled to `$OUT_DIR/<name>.ptx`.
-const KERNELS: &[&str] = &["kv_write", "paged_decode", "logprob_head"];
+const KERNELS: &[&str] = &["kv_write", "paged_attention", "logprob_head"];
 
 /// The FlashAttention-2 translation units taken (under `csrc/flash_attn/src`).
 const FLASH_UNITS: &[&str] = &[
@@ -34,6 +36,9 @@ fn main() {
         "MTRL_NVCC_JOBS",
     ] {
         println!("cargo::rerun-if-env-changed={v}");
+    }
+    if std::env::var_os("CARGO_FEATURE_EMU").is_some() {
+        emu();
     }
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
@@ -66,6 +71,24 @@ fn main() {
     if std::env::var_os("CARGO_FEATURE_FLASH_ATTN").is_some() {
         flash(&nvcc, cuda_root.as_deref(), &cap, &out);
     }
+}
+
+/// The kernels under the CUDA emulation: one unit per kernel file (`emu/<name>.cpp` includes
+/// `src/<name>.cu`) and the launcher, as `libmtrl_kernels_emu.a`.
+fn emu() {
+    println!("cargo::rerun-if-changed=emu");
+    let mut b = cc::Build::new();
+    b.cpp(true)
+        .std("c++17")
+        .opt_level(2)
+        .include("emu/include")
+        .flag_if_supported("-pthread")
+        .flag_if_supported("-Wno-unknown-pragmas");
+    for name in KERNELS {
+        b.file(format!("emu/{name}.cpp"));
+    }
+    b.file("emu/runtime.cpp").compile("mtrl_kernels_emu");
+    println!("cargo::rustc-link-lib=pthread");
 }
 
 fn no_nvcc(nvcc: &Path, e: &std::io::Error) -> ! {

@@ -5,11 +5,11 @@
 //! - `kv_write.cu`: the paged key/value store's write, one thread block per token over its heads ×
 //!   head dim, addressed by a `[t]` slot mapping (`mtrl_model::kv_pool`; twin: the CPU copy of
 //!   `KvWrite` and candle's `scatter_set`, which on CUDA walks the written rows serially).
-//! - `paged_decode.cu`: decode attention reading the paged store in place through the step's
-//!   gather index, one thread block per (head, row), online softmax in f32
-//!   (`mtrl_model::paged_decode`; twins: its CPU loop and the candle spelling that gathers every
-//!   row's keys and values into a padded copy first).
-//!
+//! - `paged_attention.cu`: the engine's attention for decode rows and prefill chunks in one call
+//!   per layer, reading the paged store in place through the step's slot tables, one thread
+//!   block per (query, head), online softmax in f32 (`mtrl_model::paged_attention`; twins: its
+//!   CPU loop and the candle spelling that gathers every row's keys and values into a padded copy
+//!   first).
 //! - `logprob_head.cu`: the log-prob head's passes over a chunk of logits — log-sum-exp, picked
 //!   log-prob and entropy in one kernel, the logits' gradient in another (`mtrl_model::
 //!   logprob_head`; twin: its CPU loop, held to candle's log-softmax spelling).
@@ -17,7 +17,14 @@
 //!   and 128) as a static library behind the C functions of [`flash`] (`flash/api.cu`; used by
 //!   `mtrl_model::flash_varlen`, whose CPU twin runs the same arithmetic one query at a time).
 //!
-//! Without the `cuda` feature the crate is empty and its build script does nothing.
+//! With the `emu` feature, [`emu`] runs the same kernel source on host threads, so tests compare
+//! each kernel with its twin on a machine without a GPU.
+//!
+//! Without the `cuda` or `emu` feature the crate holds only the kernels' names and launch
+//! geometries, and its build script does nothing.
+
+#[cfg(feature = "emu")]
+pub mod emu;
 
 /// The PTX of `src/kv_write.cu` (functions `kv_write_u16`, `kv_write_u32`, `kv_write_u64`: the
 /// element size picks the function; the copy is bit for bit).
@@ -27,16 +34,13 @@ pub const KV_WRITE: &str = include_str!(concat!(env!("OUT_DIR"), "/kv_write.ptx"
 /// The module name `KV_WRITE` is loaded under.
 pub const KV_WRITE_MODULE: &str = "mtrl_kv_write";
 
-/// The PTX of `src/paged_decode.cu` (functions `paged_decode_bf16`, `paged_decode_f16`,
-/// `paged_decode_f32`).
+/// The PTX of `src/paged_attention.cu` (functions `paged_attention_bf16`,
+/// `paged_attention_f16`, `paged_attention_f32`).
 #[cfg(feature = "cuda")]
-pub const PAGED_DECODE: &str = include_str!(concat!(env!("OUT_DIR"), "/paged_decode.ptx"));
+pub const PAGED_ATTENTION: &str = include_str!(concat!(env!("OUT_DIR"), "/paged_attention.ptx"));
 
-/// The module name `PAGED_DECODE` is loaded under.
-pub const PAGED_DECODE_MODULE: &str = "mtrl_paged_decode";
-
-/// Threads per block of `paged_decode` (its `WARPS` × 32).
-pub const PAGED_DECODE_THREADS: u32 = 128;
+/// The module name `PAGED_ATTENTION` is loaded under.
+pub const PAGED_ATTENTION_MODULE: &str = "mtrl_paged_attention";
 
 /// The PTX of `src/logprob_head.cu` (functions `lse_pick_entropy_{bf16,f16,f32}`,
 /// `dlogits_{bf16,f16,f32}`).
@@ -46,8 +50,55 @@ pub const LOGPROB_HEAD: &str = include_str!(concat!(env!("OUT_DIR"), "/logprob_h
 /// The module name `LOGPROB_HEAD` is loaded under.
 pub const LOGPROB_HEAD_MODULE: &str = "mtrl_logprob_head";
 
-/// Threads per block of `logprob_head`'s kernels (its `THREADS`).
-pub const LOGPROB_HEAD_THREADS: u32 = 256;
+/// A launch's geometry, `(grid, block)` as cudarc's `LaunchConfig` takes them. Each kernel's is
+/// computed here, once, for its CUDA launch and its emulated one ([`emu`] with feature `emu`).
+pub type Geometry = ((u32, u32, u32), (u32, u32, u32));
+
+/// Grid x may hold 2³¹ − 1 blocks, y and z 65,535.
+const GRID_X: usize = (1 << 31) - 1;
+const GRID_YZ: usize = 65_535;
+
+/// `Err` naming the kernel when `(x, y)` blocks exceed the grid.
+fn grid(kernel: &str, x: usize, y: usize) -> Result<(u32, u32, u32), String> {
+    if x > GRID_X || y > GRID_YZ {
+        return Err(format!(
+            "{kernel}: a grid of {x} × {y} blocks is over CUDA's limits"
+        ));
+    }
+    Ok((x.max(1) as u32, y.max(1) as u32, 1))
+}
+
+/// `kv_write`: one block per token, threads over its `row` = kv · d elements.
+pub fn kv_write_geometry(tokens: usize, row: usize) -> Result<Geometry, String> {
+    Ok((
+        grid("kv_write", tokens, 1)?,
+        (row.clamp(32, 1024) as u32, 1, 1),
+    ))
+}
+
+/// `paged_attention`: one block of 4 warps (its `WARPS`) per (query, head).
+pub fn paged_attention_geometry(queries: usize, heads: usize) -> Result<Geometry, String> {
+    Ok((grid("paged_attention", queries, heads)?, (128, 1, 1)))
+}
+
+/// `logprob_head`'s block (its `THREADS`).
+const LOGPROB_HEAD_THREADS: usize = 256;
+
+/// `lse_pick_entropy`: one block per row.
+pub fn lse_pick_entropy_geometry(rows: usize) -> Result<Geometry, String> {
+    let g = grid("lse_pick_entropy", rows, 1)?;
+    Ok((g, (LOGPROB_HEAD_THREADS as u32, 1, 1)))
+}
+
+/// `dlogits`: (column blocks, rows), enough column blocks to fill the card at any row count,
+/// each thread a strided run of 8 columns on average.
+pub fn dlogits_geometry(rows: usize, vocab: usize) -> Result<Geometry, String> {
+    let cols = vocab.div_ceil(LOGPROB_HEAD_THREADS * 8);
+    Ok((
+        grid("dlogits", cols, rows)?,
+        (LOGPROB_HEAD_THREADS as u32, 1, 1),
+    ))
+}
 
 /// FlashAttention-2's training attention (see `flash/api.cu` for layouts, scratch and return
 /// codes). Every pointer is a device pointer on the stream's device; `stream` is a `CUstream`.

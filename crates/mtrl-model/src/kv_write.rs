@@ -110,9 +110,11 @@ impl InplaceOp3 for KvWrite {
         let ids = ids.slice(il.start_offset()..il.start_offset() + t);
         let (n, len) = (t * kv * d, dl.shape().elem_count());
         let (o, so) = (dl.start_offset(), sl.start_offset());
+        let (grid_dim, block_dim) =
+            mtrl_kernels::kv_write_geometry(t, kv * d).map_err(candle_core::Error::msg)?;
         let cfg = LaunchConfig {
-            grid_dim: (t as u32, 1, 1),
-            block_dim: ((kv * d).clamp(32, 1024) as u32, 1, 1),
+            grid_dim,
+            block_dim,
             shared_mem_bytes: 0,
         };
         let (kv32, d32, b32) = (kv as u32, d as u32, BLOCK as u32);
@@ -146,5 +148,69 @@ impl InplaceOp3 for KvWrite {
             other => candle_core::bail!("kv-write: no kernel for {other:?}"),
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::kv_pool::BLOCK;
+
+    /// The CUDA kernel's source, run under the emulation (`mtrl-kernels`' `emu`), leaves the
+    /// store its twin leaves, bit for bit: 2- and 4-byte elements, slots out of order across
+    /// blocks, a row of fewer than 32 elements per thread block and one of more than 1,024 (the
+    /// block's threads then stride).
+    #[test]
+    fn kernel_under_emulation_equals_the_twin() {
+        fn store<T: candle_core::WithDType>(
+            name: &str,
+            (kv, d): (usize, usize),
+            make: impl Fn(usize) -> T,
+            bits: impl Fn(&T) -> u64,
+        ) {
+            let slots: Vec<u32> = vec![130, 0, 64, 1, 255, 63, 200];
+            let t = slots.len();
+            let rows = 4 * kv * BLOCK;
+            let src: Vec<T> = (0..t * kv * d).map(&make).collect();
+            let mut twin = vec![T::zero(); rows * d];
+            let mut kernel = twin.clone();
+            super::copy_rows(&mut twin, &src, &slots, kv, d).unwrap();
+            let geometry = mtrl_kernels::kv_write_geometry(t, kv * d).unwrap();
+            // SAFETY: the arguments follow `kv_write.cu`'s signature; `src` holds t · kv · d
+            // elements and every slot's rows lie inside `kernel` (4 blocks).
+            unsafe {
+                mtrl_kernels::emu::Launch::new(name)
+                    .slice(&src)
+                    .slice_mut(&mut kernel)
+                    .slice(&slots)
+                    .u32(kv as u32)
+                    .u32(d as u32)
+                    .u32(BLOCK as u32)
+                    .run(geometry)
+                    .unwrap();
+            }
+            let same = twin.iter().zip(&kernel).all(|(a, b)| bits(a) == bits(b));
+            assert!(same, "{name} kv {kv} d {d}: the stores differ");
+        }
+        for dims in [(1, 16), (2, 40), (8, 160)] {
+            // Arbitrary bit patterns (NaNs included): the copy moves bits, whatever they mean.
+            store(
+                "kv_write_u16",
+                dims,
+                |i| half::bf16::from_bits((i * 40_503 % 65_521) as u16),
+                |x| x.to_bits() as u64,
+            );
+            store(
+                "kv_write_u32",
+                dims,
+                |i| f32::from_bits((i as u32).wrapping_mul(2_654_435_761)),
+                |x| x.to_bits() as u64,
+            );
+            store(
+                "kv_write_u64",
+                dims,
+                |i| f64::from_bits((i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+                |x| x.to_bits(),
+            );
+        }
     }
 }

@@ -42,7 +42,7 @@ mod kv_write;
 pub mod logprob_head;
 pub mod logprobs;
 pub mod lora;
-pub mod paged_decode;
+pub mod paged_attention;
 pub mod policy;
 pub mod sampler;
 pub mod tokenizer;

@@ -1,8 +1,8 @@
 //! `mtrl selftest`'s checks of mtrl's own kernels against their twins, on the selftest's device:
 //! on a GPU the CUDA kernel against the candle spelling it replaced (the KV write bit for bit, the
-//! paged decode attention within rounding; FlashAttention-2's forward and backward against their
-//! CPU twin), on the CPU the CPU twin against the same spelling. Also: no op ran on zero elements
-//! during the selftest.
+//! paged attention of decode rows and prefill chunks within rounding; FlashAttention-2's forward
+//! and backward against their CPU twin), on the CPU the CPU twin against the same spelling. Also:
+//! no op ran on zero elements during the selftest.
 
 use candle_core::{DType, Device, Tensor};
 use mtrl_model::kv_pool::{write_index, KvPool, SeqBlocks, BLOCK};
@@ -23,9 +23,9 @@ pub(crate) fn checks(dev: &Device) -> Result<Vec<(String, String, bool, Value)>>
         ));
     }
     for (dtype, tol) in [(DType::BF16, 5e-2f32), (DType::F32, 1e-4)] {
-        let d = mtrl_model::paged_decode::check_against_gathered(dev, dtype)?;
+        let d = mtrl_model::paged_attention::check_against_gathered(dev, dtype)?;
         out.push((
-            "paged-decode kernel ≈ gathered attention".to_string(),
+            "paged attention kernel (decode + prefill) ≈ gathered attention".to_string(),
             format!("{dtype:?}").to_lowercase(),
             d < tol,
             json!({"max_abs_diff": d, "tol": tol}),

@@ -180,7 +180,7 @@ mod tests {
         let dev = Device::Cpu;
         let kv = 2;
         let (pool, table, q) =
-            crate::paged_decode::decode_fixture(&dev, DType::F32, (kv, 4, 8), &[1, 70, 33, 129])
+            crate::paged_attention::decode_fixture(&dev, DType::F32, (kv, 4, 8), &[1, 70, 33, 129])
                 .unwrap();
         let (kp, vp) = pool.layer(0);
         let got = super::paged_decode_attention(&q, kp, vp, kv, &table).unwrap();

@@ -18,9 +18,11 @@ pub(super) fn lpe(op: &Lpe, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage,
     let out = {
         // SAFETY: every row's three values are written by its block.
         let out = unsafe { dev.alloc::<f32>(3 * n) }?;
+        let (grid_dim, block_dim) =
+            mtrl_kernels::lse_pick_entropy_geometry(n).map_err(candle_core::Error::msg)?;
         let cfg = LaunchConfig {
-            grid_dim: (n as u32, 1, 1),
-            block_dim: (mtrl_kernels::LOGPROB_HEAD_THREADS, 1, 1),
+            grid_dim,
+            block_dim,
             shared_mem_bytes: 0,
         };
         let v32 = vocab as u32;
@@ -69,13 +71,11 @@ pub(super) fn dz(
     let g = gs
         .as_cuda_slice::<f32>()?
         .slice(gl.start_offset()..gl.start_offset() + n);
-    // Enough column blocks to fill the card at any row count, each thread a strided run.
-    let col_blocks = vocab
-        .div_ceil(mtrl_kernels::LOGPROB_HEAD_THREADS as usize * 8)
-        .max(1) as u32;
+    let (grid_dim, block_dim) =
+        mtrl_kernels::dlogits_geometry(n, vocab).map_err(candle_core::Error::msg)?;
     let cfg = LaunchConfig {
-        grid_dim: (col_blocks, n as u32, 1),
-        block_dim: (mtrl_kernels::LOGPROB_HEAD_THREADS, 1, 1),
+        grid_dim,
+        block_dim,
         shared_mem_bytes: 0,
     };
     let v32 = vocab as u32;

@@ -110,3 +110,87 @@ fn bad_shapes_are_errors() {
     let e = dlogits(&z, &l, &tg, &g, 1.0).unwrap_err().to_string();
     assert!(e.contains("lse"), "{e}");
 }
+
+/// `lse_pick_entropy_<dt>` then `dlogits_<dt>` under the emulation on `z` `[n, V]`: `([n, 3],
+/// dz as f32)`.
+fn emulated<T: candle_core::WithDType>(
+    dt: &str,
+    z: &[T],
+    targets: &[u32],
+    g: &[f32],
+    inv_t: f32,
+) -> (Vec<f32>, Vec<f32>) {
+    let (n, vocab) = (targets.len(), z.len() / targets.len());
+    let mut out = vec![0f32; 3 * n];
+    // SAFETY (both launches): the arguments follow `logprob_head.cu`'s signatures; z holds
+    // n · V elements, targets and g n, lse n, out 3n and dz n · V.
+    unsafe {
+        mtrl_kernels::emu::Launch::new(&format!("lse_pick_entropy_{dt}"))
+            .slice(z)
+            .slice(targets)
+            .slice_mut(&mut out)
+            .u32(vocab as u32)
+            .f32(inv_t)
+            .run(mtrl_kernels::lse_pick_entropy_geometry(n).unwrap())
+            .unwrap();
+    }
+    let lse: Vec<f32> = out.chunks(3).map(|r| r[0]).collect();
+    let mut dz = vec![T::zero(); n * vocab];
+    unsafe {
+        mtrl_kernels::emu::Launch::new(&format!("dlogits_{dt}"))
+            .slice(z)
+            .slice(&lse)
+            .slice(targets)
+            .slice(g)
+            .slice_mut(&mut dz)
+            .u32(vocab as u32)
+            .f32(inv_t)
+            .run(mtrl_kernels::dlogits_geometry(n, vocab).unwrap())
+            .unwrap();
+    }
+    (out, dz.iter().map(|x| x.to_f64() as f32).collect())
+}
+
+/// The CUDA kernels' source, run under the emulation (`mtrl-kernels`' `emu`), against the twin:
+/// rows of an odd vocabulary (not a multiple of the block, so threads end unevenly, and spanning
+/// several column blocks of `dlogits`), the picked token at the first, last and inner columns,
+/// in f32, bf16 and f16, at temperature 0.7. The kernel reduces over 256 threads in f32, the twin
+/// walks the row in f64, so they agree to f32 rounding (relative to the largest value), and dz
+/// to an ulp of its dtype.
+#[test]
+fn kernels_under_emulation_equal_the_twin() {
+    let (n, vocab) = (4usize, 4_999usize);
+    let inv_t = (1.0f64 / 0.7) as f32;
+    let targets = [0u32, 4_998, 2_500, 17];
+    let g = [1.0f32, -0.5, 0.25, 2.0];
+    let z32: Vec<f32> = (0..n * vocab)
+        .map(|i| (((i * 7919) % 1009) as f32 / 1009.0 - 0.5) * 12.0)
+        .collect();
+    fn check<T: candle_core::WithDType>(
+        dt: &str,
+        z: &[T],
+        targets: &[u32],
+        g: &[f32],
+        inv_t: f32,
+        tol: f32,
+    ) {
+        let (out, dz) = emulated(dt, z, targets, g, inv_t);
+        let want_out = super::twin_lpe(z, targets, inv_t as f64);
+        let lse: Vec<f32> = want_out.chunks(3).map(|r| r[0]).collect();
+        let want_dz: Vec<f32> = super::twin_dz(z, &lse, targets, g, inv_t as f64)
+            .iter()
+            .map(|x| x.to_f64() as f32)
+            .collect();
+        let rel = |a: &[f32], b: &[f32]| {
+            let scale = b.iter().fold(1e-12f32, |m, x| m.max(x.abs()));
+            a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+        };
+        let (o, d) = (rel(&out, &want_out), rel(&dz, &want_dz));
+        assert!(o < 1e-5 && d < tol, "{dt}: lse/pick/entropy {o}, dz {d}");
+    }
+    check("f32", &z32, &targets, &g, inv_t, 1e-5);
+    let bf: Vec<half::bf16> = z32.iter().map(|&x| half::bf16::from_f32(x)).collect();
+    check("bf16", &bf, &targets, &g, inv_t, 1e-2);
+    let hf: Vec<half::f16> = z32.iter().map(|&x| half::f16::from_f32(x)).collect();
+    check("f16", &hf, &targets, &g, inv_t, 2e-3);
+}

@@ -89,9 +89,20 @@ pub(crate) trait Backend: fmt::Debug + Send + Sync {
         true
     }
 
-    /// The engine's decode attention: `q` `[n, heads, 1, d]` attends over the positions of
-    /// `table` in the paged pool buffers `[blocks · kv · BLOCK, d]`; returns `[n, 1, heads · d]` (spelled
-    /// out: [`paged::decode_gathered`]).
+    /// Whether the engine's forward attends through [`crate::paged_attention`] — a step's decode
+    /// rows and prefill chunks in one call per layer, reading the paged store in place — for a
+    /// model on `dev` in `dtype` with heads of `head_dim`. Otherwise it runs
+    /// [`Self::paged_decode_attention`] for the decode rows and a masked attention over gathered
+    /// keys and values for the prefill chunks.
+    fn paged_in_place(&self, dev: &Device, dtype: DType, head_dim: usize) -> bool {
+        let _ = (dev, dtype, head_dim);
+        false
+    }
+
+    /// The engine's decode attention when not [`Self::paged_in_place`]: `q` `[n, heads, 1, d]`
+    /// attends over the positions of `table` in the paged pool buffers
+    /// `[blocks · kv · BLOCK, d]`; returns `[n, 1, heads · d]` (spelled out:
+    /// [`paged::decode_gathered`]).
     fn paged_decode_attention(
         &self,
         q: &Tensor,
@@ -239,12 +250,14 @@ impl Backend for Candle {
         table: &DecodeTable,
     ) -> Result<Tensor> {
         host::nonempty(q, "paged decode attention");
-        // On a GPU: the kernel that reads the pool in place (no padded copy of every row's keys
-        // and values); elsewhere, and for shapes it does not take, the gather spelling.
-        if !self.differentiable && crate::paged_decode::serves(q, k_pool) {
-            return crate::paged_decode::attend(q, k_pool, v_pool, kv, table);
-        }
         paged::decode_gathered(self, q, k_pool, v_pool, kv, table)
+    }
+
+    fn paged_in_place(&self, dev: &Device, dtype: DType, head_dim: usize) -> bool {
+        // On a GPU, the kernel that reads the store in place (no padded copies of the rows' keys
+        // and values, no padded queries, no masks); elsewhere, for shapes it does not take and
+        // in the training view, the gather spelling.
+        !self.differentiable && crate::paged_attention::serves(dev, dtype, head_dim)
     }
 }
 

@@ -4,11 +4,15 @@
 //! A step's rows are segments of sequences: single-token **decode** segments first, then
 //! **prefill** segments (a joiner's prompt, a returning conversation's new turn, or a chunk of
 //! either). Every projection and the MLP run once over all rows (one product per weight); each
-//! layer writes all new keys/values with one scatter, then attends in two batched operations:
-//! - decode rows: [`Backend::paged_decode_attention`] over the slot tables (the CPU kernel
-//!   follows the table; the candle spelling gathers `[n, kv, max_len, d]` and masks by length);
-//! - prefill segments: their queries padded to `[m, heads, t_max, d]`, their keys gathered to
-//!   `[m, kv, s_max, d]`, one masked attention (causal from each segment's start, padding off).
+//! layer writes all new keys/values with one write, then attends:
+//! - where the backend reads the store in place ([`Backend::paged_in_place`]: the CUDA kernel
+//!   [`crate::paged_attention`]), every row in **one call**, each query over its sequence's slot
+//!   table up to its own position — no gather, no padding, no mask;
+//! - otherwise in two batched operations: the decode rows by
+//!   [`Backend::paged_decode_attention`] (the CPU kernel follows the slot table; the candle
+//!   spelling gathers `[n, kv, max_len, d]` and masks by length), the prefill segments with their
+//!   queries padded to `[m, heads, t_max, d]`, their keys gathered to `[m, kv, s_max, d]`, and one
+//!   masked attention (causal from each segment's start, padding off).
 //!
 //! So the number of operations per layer does not grow with the number of sequences.
 
@@ -16,7 +20,7 @@ use std::sync::OnceLock;
 
 use candle_core::{Device, Result, Tensor};
 
-use super::step_meta::StepMeta;
+use super::step_meta::{StepMeta, Tables};
 use super::Transformer;
 use crate::host;
 use crate::kv_pool::{gather_index, KvPool};
@@ -118,22 +122,6 @@ impl DecodeTable {
     }
 }
 
-impl DecodeTable {
-    /// The gather index `[n · kv · max_len]` (pool rows) and the lengths `[n]` u32 on the device:
-    /// the step's upload when there is one, else built here.
-    pub(crate) fn index_and_lens(&self, kv: usize) -> Result<(Tensor, Tensor)> {
-        if let Some((i, l, _)) = &self.packed {
-            return Ok((i.clone(), l.clone()));
-        }
-        let lens: Vec<u32> = self.lens.iter().map(|&l| l as u32).collect();
-        let n = lens.len();
-        Ok((
-            gather_index(&self.slots, n, kv, &self.device)?,
-            Tensor::from_vec(lens, n, &self.device)?,
-        ))
-    }
-}
-
 /// Keys or values at a [`gather_index`] (`[m · kv · s]`) from a pool buffer, as `[m, kv, s, d]`.
 pub(crate) fn gather_heads(pool: &Tensor, idx: &Tensor, m: usize, kv: usize) -> Result<Tensor> {
     host::nonempty(idx, "key/value gather");
@@ -207,7 +195,16 @@ impl Transformer {
             candle_core::bail!("a model without layers")
         };
         let (heads, kv, d) = (l0.attn.heads, l0.attn.kv_heads, l0.attn.head_dim);
-        let mut decode = DecodeTable::new(batch.decode, dev);
+        let in_place = self.be.paged_in_place(dev, pool.layer(0).0.dtype(), d);
+        let mut decode = match in_place {
+            true => DecodeTable::new(&[], dev),
+            false => DecodeTable::new(batch.decode, dev),
+        };
+        let tables = match (in_place, self.be.ragged_in_one_pass()) {
+            (true, _) => Tables::InPlace,
+            (false, true) => Tables::Gather(&decode),
+            (false, false) => Tables::Host,
+        };
         // One upload for the step's ids, positions, slots and tables (`step_meta`).
         let (meta, write_slots) = StepMeta::new(
             batch.ids,
@@ -215,7 +212,7 @@ impl Transformer {
             batch.prefill,
             batch.outputs,
             kv,
-            self.be.ragged_in_one_pass().then_some(&decode),
+            tables,
             dev,
         )?;
         pool.check_slots(&write_slots)?;
@@ -240,6 +237,12 @@ impl Transformer {
             )?;
             let q = rows(&q)?.contiguous()?; // [t, heads, d]
             let (kp, vp) = pool.layer(li);
+            if let Some(paged) = &meta.paged {
+                let a = crate::paged_attention::attend(&q, kp, vp, kv, paged)?.unsqueeze(0)?;
+                x = (x + self.be.linear(&a, &l.attn.o)?)?;
+                x = self.mlp_block(l, x)?;
+                continue;
+            }
             let mut parts = Vec::with_capacity(2);
             if n_dec > 0 {
                 let qd = q.narrow(0, 0, n_dec)?.unsqueeze(2)?.contiguous()?;
@@ -289,4 +292,99 @@ pub(crate) fn decode_gathered(
     let k = gather_heads(k_pool, idx, n, kv)?;
     let v = gather_heads(v_pool, idx, n, kv)?;
     be.attention(q, &k, &v, Some(mask))
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{DType, Device, Tensor};
+
+    use super::{PagedBatch, Segment};
+    use crate::config::Config;
+    use crate::kv_pool::{KvPool, SeqBlocks};
+    use crate::policy::Policy;
+
+    /// Two steps of the engine's forward: prompts of 70 and 5 tokens, then a mixed step (a
+    /// decode row, a second chunk of the 5-token prompt, a new 3-token prompt). Returns every
+    /// row's final hidden state of both steps.
+    fn two_steps(p: &Policy, dtype: DType) -> Tensor {
+        let dev = Device::Cpu;
+        let mut pool = KvPool::new(2, 2, 32, 1024, dtype, &dev).unwrap();
+        let mut seqs = [
+            SeqBlocks::default(),
+            SeqBlocks::default(),
+            SeqBlocks::default(),
+        ];
+        // A gap owner, so sequences' blocks interleave.
+        pool.reserve(&mut SeqBlocks::default(), 3).unwrap();
+        let ids = |n: usize, salt: u32| -> Vec<u32> {
+            (0..n as u32).map(|i| (i * 7 + salt) % 96).collect()
+        };
+        let seg = |pool: &mut KvPool, s: &mut SeqBlocks, len: usize| -> Segment {
+            let start = s.len();
+            assert!(pool.reserve(s, start + len).unwrap());
+            s.set_len(start + len);
+            Segment {
+                start,
+                len,
+                slots: s.slots(start + len).collect(),
+            }
+        };
+        let mut out = Vec::new();
+        let first = PagedBatch {
+            ids: [ids(70, 1), ids(5, 2)].concat(),
+            decode: vec![],
+            prefill: vec![
+                seg(&mut pool, &mut seqs[0], 70),
+                seg(&mut pool, &mut seqs[1], 5),
+            ],
+            outputs: (0..75).collect(),
+        };
+        out.push(p.inference().forward_paged(&first, &pool).unwrap().unwrap());
+        let decode = vec![seg(&mut pool, &mut seqs[0], 1)];
+        let prefill = vec![
+            seg(&mut pool, &mut seqs[1], 4),
+            seg(&mut pool, &mut seqs[2], 3),
+        ];
+        let mixed = PagedBatch {
+            ids: [ids(1, 3), ids(4, 4), ids(3, 5)].concat(),
+            decode,
+            prefill,
+            outputs: (0..8).collect(),
+        };
+        out.push(p.inference().forward_paged(&mixed, &pool).unwrap().unwrap());
+        Tensor::cat(&out, 0).unwrap().to_dtype(DType::F64).unwrap()
+    }
+
+    /// The one-call in-place attention (`crate::paged_attention`, its twin on the CPU) and the
+    /// gather spelling give the same hidden states for every row of a prefill step and a mixed
+    /// step, in f64 (the twin computes in f32) and bf16 (both round every op's output).
+    #[test]
+    fn in_place_attention_equals_the_gather_spelling() {
+        let cfg = Config::from_value(
+            serde_json::json!({"model_type": "qwen3", "vocab_size": 96, "hidden_size": 64,
+                "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 256,
+                "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": true}),
+            std::path::Path::new("config.json"),
+        )
+        .unwrap();
+        for (dtype, tol) in [(DType::F64, 1e-4), (DType::BF16, 0.15)] {
+            let p = Policy::random(cfg.clone(), dtype, &Device::Cpu).unwrap();
+            let gathered = two_steps(&p, dtype);
+            let in_place = {
+                let _twin = crate::paged_attention::force_twin();
+                two_steps(&p, dtype)
+            };
+            assert_eq!(gathered.dims(), [83, 64]);
+            let diff = (gathered - in_place)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f64>()
+                .unwrap();
+            assert!(diff < tol, "{dtype:?}: in place vs gathered {diff}");
+        }
+    }
 }

@@ -1,7 +1,9 @@
 //! The integer metadata of one engine forward, built on the host and uploaded in **one** copy:
-//! token ids, positions, the slot mapping of the key/value write, the rows to return, the decode
-//! rows' gather index and lengths (candle backend only), the prefill segments' query rows, key
-//! gather index, causal limits and output rows, and an `0..S` ramp. Every tensor the forward needs
+//! token ids, positions, the slot mapping of the key/value write, the rows to return, and the
+//! attention's tables ([`Tables`]): for the in-place paged attention the segments' slot tables and
+//! each query's segment and length; for the gather spelling the decode rows' gather index and
+//! lengths (candle backend only), the prefill segments' query rows, key gather index, causal
+//! limits and output rows, and an `0..S` ramp. Every tensor the forward needs
 //! is a view of that one buffer; the additive masks are formed on the device from the lengths and
 //! limits (`ramp ≥ limit`), not uploaded as f32. On a GPU this turns ~10 small host→device copies
 //! and two mask uploads of `n · s` and `m · t · s` floats per step into one copy (diagnosis C2).
@@ -11,6 +13,21 @@ use candle_core::{DType, Device, Result, Tensor};
 use super::mask_value;
 use super::paged::{DecodeTable, Segment};
 use crate::kv_pool::gather_rows;
+use crate::paged_attention::PagedRows;
+
+/// The attention metadata a step uploads.
+#[derive(Clone, Copy)]
+pub(super) enum Tables<'a> {
+    /// The CPU kernels: the decode rows follow their slot tables on the host; the prefill
+    /// segments are padded and their keys gathered.
+    Host,
+    /// The candle spelling: as `Host`, plus the decode rows' gather index and lengths of this
+    /// table.
+    Gather(&'a DecodeTable),
+    /// [`crate::paged_attention`]: one slot table per segment, and each query's segment and
+    /// length; nothing padded, no gather index.
+    InPlace,
+}
 
 /// Views of the step's one upload.
 pub(super) struct StepMeta {
@@ -25,6 +42,8 @@ pub(super) struct StepMeta {
     /// The decode rows' gather index `[n · kv · max_len]` and lengths `[n]`, when packed.
     pub decode: Option<(Tensor, Tensor)>,
     pub prefill: Option<PrefillMeta>,
+    /// Every row's attention tables, with [`Tables::InPlace`].
+    pub paged: Option<PagedRows>,
     /// `[S]`: `0, 1, …` for the masks.
     ramp: Tensor,
 }
@@ -52,10 +71,8 @@ fn section(buf: &mut Vec<u32>, v: impl IntoIterator<Item = u32>) -> (usize, usiz
 }
 
 impl StepMeta {
-    /// The metadata of rows `ids` (decode segments, then prefill segments) returning `outputs`;
-    /// with `pack_decode` (the decode segments' slot tables), the decode rows' gather index and
-    /// lengths too (the candle backend's decode attention reads them; the CPU kernels follow the
-    /// slot tables on the host).
+    /// The metadata of rows `ids` (decode segments, then prefill segments) returning `outputs`,
+    /// with the attention tables `tables` asks for.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         ids: &[u32],
@@ -63,7 +80,7 @@ impl StepMeta {
         prefill: &[Segment],
         outputs: &[u32],
         kv: usize,
-        pack_decode: Option<&DecodeTable>,
+        tables: Tables<'_>,
         dev: &Device,
     ) -> Result<(StepMeta, Vec<u32>)> {
         let t = ids.len();
@@ -87,8 +104,8 @@ impl StepMeta {
         let r_slots = section(&mut buf, slots.iter().copied());
         let r_out = section(&mut buf, outputs.iter().copied());
         let mut ramp_len = 1;
-        let r_dec = match pack_decode {
-            Some(table) if !table.lens.is_empty() => {
+        let r_dec = match tables {
+            Tables::Gather(table) if !table.lens.is_empty() => {
                 ramp_len = ramp_len.max(table.max_len);
                 let start = buf.len();
                 gather_rows(&table.slots, table.lens.len(), kv, &mut buf);
@@ -98,7 +115,17 @@ impl StepMeta {
             }
             _ => None,
         };
-        let r_pre = if prefill.is_empty() {
+        let r_paged = match tables {
+            Tables::InPlace => {
+                let segs: Vec<&Segment> = decode.iter().chain(prefill).collect();
+                let (table, qrow, qlen, s_max) = crate::paged_attention::layout(&segs);
+                let table = section(&mut buf, table);
+                let (qrow, qlen) = (section(&mut buf, qrow), section(&mut buf, qlen));
+                Some((table, qrow, qlen, s_max))
+            }
+            _ => None,
+        };
+        let r_pre = if prefill.is_empty() || matches!(tables, Tables::InPlace) {
             None
         } else {
             let m = prefill.len();
@@ -152,6 +179,16 @@ impl StepMeta {
                         kv_slots: view(kvs)?,
                         limits: view(lim)?.reshape((m, t_max))?,
                         out_rows: view(out)?,
+                    })
+                })
+                .transpose()?,
+            paged: r_paged
+                .map(|(table, qrow, qlen, s_max)| {
+                    Ok::<_, candle_core::Error>(PagedRows {
+                        table: view(table)?,
+                        qrow: view(qrow)?,
+                        qlen: view(qlen)?,
+                        s_max,
                     })
                 })
                 .transpose()?,
@@ -227,8 +264,16 @@ mod tests {
         let ids: Vec<u32> = (0..t as u32).collect();
         let kv = 2;
         let table = DecodeTable::new(&decode, &dev);
-        let (meta, slots) =
-            StepMeta::new(&ids, &decode, &prefill, &[0, 2, 7], kv, Some(&table), &dev).unwrap();
+        let (meta, slots) = StepMeta::new(
+            &ids,
+            &decode,
+            &prefill,
+            &[0, 2, 7],
+            kv,
+            Tables::Gather(&table),
+            &dev,
+        )
+        .unwrap();
         assert_eq!(slots.len(), t);
         for dtype in [DType::F32, DType::BF16, DType::F16] {
             let neg = mask_value(dtype);

@@ -1,12 +1,15 @@
-// Decode attention over the paged key/value store (mtrl_model::paged_decode), reading the pool in
-// place: no per-step copy of the rows' keys and values into a padded [n, kv, s, d] tensor.
+// Attention over the paged key/value store for every row of an engine step, decode rows and
+// prefill chunks alike (mtrl_model::paged_attention), reading the pool in place: no per-step copy
+// of the rows' keys and values into a padded [n, kv, s, d] tensor, no padded queries, no mask.
 //
-// Operands: q [n, heads, d]; the layer's pool buffers k, v [rows, d] (row of KV head g at slot s:
-// ((s / block) · kv + g) · block + s % block); idx [n, kv, S] u32, the pool row of each row's
-// positions per KV head (the step's gather index, already on the device); lens [n] u32, the valid
-// positions of each row (its own included). Output [n, heads, d].
+// Operands: q [t, heads, d], the step's queries; the layer's pool buffers k, v [rows, d] (row of
+// KV head g at slot s: ((s / block) · kv + g) · block + s % block); table [r, S] u32, the slots of
+// each segment's positions (a segment: one sequence's rows in the step); qrow [t] u32, the
+// segment of each query; qlen [t] u32, the positions each query sees (causal: its own position
+// + 1). Output [t, heads, d].
 //
-// One thread block of 4 warps per (head, row). Each warp walks every 4th position: a lane holds
+// One thread block of 4 warps per (query, head): grid (t, heads), queries on x (a step may have
+// more than the 65,535 rows grid y allows). Each warp walks every 4th position: a lane holds
 // d / 32 elements of q (scaled), dots them with the key row (coalesced: consecutive lanes read
 // consecutive elements), reduces across the warp, and keeps an online softmax (running max m, sum
 // l, weighted value sum acc) in f32. The warps' partial states are merged in shared memory. Head
@@ -26,31 +29,34 @@ __device__ __forceinline__ void from_f(float x, __nv_bfloat16* y) { *y = __float
 __device__ __forceinline__ void from_f(float x, __half* y) { *y = __float2half(x); }
 
 template <typename T>
-__device__ __forceinline__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kp,
-                                             const T* __restrict__ vp,
-                                             const uint32_t* __restrict__ idx,
-                                             const uint32_t* __restrict__ lens,
-                                             T* __restrict__ out, uint32_t heads, uint32_t kv,
-                                             uint32_t s_max, uint32_t d, float scale) {
+__device__ __forceinline__ void paged_attention(const T* __restrict__ q, const T* __restrict__ kp,
+                                                const T* __restrict__ vp,
+                                                const uint32_t* __restrict__ table,
+                                                const uint32_t* __restrict__ qrow,
+                                                const uint32_t* __restrict__ qlen,
+                                                T* __restrict__ out, uint32_t heads, uint32_t kv,
+                                                uint32_t s_max, uint32_t d, uint32_t block,
+                                                float scale) {
   __shared__ float sm[WARPS];
   __shared__ float sl[WARPS];
   __shared__ float sacc[WARPS * 256];
-  const uint32_t h = blockIdx.x, i = blockIdx.y;
+  const uint32_t i = blockIdx.x, h = blockIdx.y;
   const uint32_t g = h / (heads / kv);
-  const uint32_t len = lens[i];
+  const uint32_t len = qlen[i];
   const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const uint32_t per = d / 32;
-  const T* qrow = q + ((size_t)i * heads + h) * d;
+  const T* qv = q + ((size_t)i * heads + h) * d;
   float qr[MAX_PER_LANE], acc[MAX_PER_LANE];
 #pragma unroll
   for (uint32_t k = 0; k < MAX_PER_LANE; k++) {
-    qr[k] = k < per ? to_f(qrow[lane + 32 * k]) * scale : 0.f;
+    qr[k] = k < per ? to_f(qv[lane + 32 * k]) * scale : 0.f;
     acc[k] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
-  const uint32_t* rows = idx + ((size_t)i * kv + g) * s_max;
+  const uint32_t* slots = table + (size_t)qrow[i] * s_max;
   for (uint32_t p = warp; p < len; p += WARPS) {
-    const size_t r = rows[p];
+    const uint32_t slot = slots[p];
+    const size_t r = ((size_t)(slot / block) * kv + g) * block + slot % block;
     const T* krow = kp + r * d;
     float s = 0.f;
 #pragma unroll
@@ -93,13 +99,14 @@ __device__ __forceinline__ void paged_decode(const T* __restrict__ q, const T* _
   }
 }
 
-#define PAGED_DECODE(NAME, T)                                                                     \
-  extern "C" __global__ void NAME(const T* q, const T* kp, const T* vp, const uint32_t* idx,      \
-                                  const uint32_t* lens, T* out, uint32_t heads, uint32_t kv,      \
-                                  uint32_t s_max, uint32_t d, float scale) {                      \
-    paged_decode(q, kp, vp, idx, lens, out, heads, kv, s_max, d, scale);                          \
+#define PAGED_ATTENTION(NAME, T)                                                                  \
+  extern "C" __global__ void NAME(const T* q, const T* kp, const T* vp, const uint32_t* table,    \
+                                  const uint32_t* qrow, const uint32_t* qlen, T* out,             \
+                                  uint32_t heads, uint32_t kv, uint32_t s_max, uint32_t d,        \
+                                  uint32_t block, float scale) {                                  \
+    paged_attention(q, kp, vp, table, qrow, qlen, out, heads, kv, s_max, d, block, scale);        \
   }
 
-PAGED_DECODE(paged_decode_bf16, __nv_bfloat16)
-PAGED_DECODE(paged_decode_f16, __half)
-PAGED_DECODE(paged_decode_f32, float)
+PAGED_ATTENTION(paged_attention_bf16, __nv_bfloat16)
+PAGED_ATTENTION(paged_attention_f16, __half)
+PAGED_ATTENTION(paged_attention_f32, float)
