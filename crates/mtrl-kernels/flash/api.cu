@@ -1,13 +1,19 @@
 // mtrl's C entry points to FlashAttention-2 (Tri Dao, BSD-3-Clause: LICENSE-flash-attention),
 // built from the flash-attn 2.8.3 sources on PyPI (scripts/setup-cuda.sh) in place of its
 // torch-bound flash_api.cpp. The parameter set-up follows that file's mha_varlen_fwd and
-// mha_varlen_bwd for the one case mtrl trains: packed rows (cu_seqlens), causal, no dropout, no
-// window, no ALiBi, no softcap; bf16, head dims 64 and 128, GQA (heads % heads_k == 0).
+// mha_varlen_bwd for the cases mtrl runs: packed rows (cu_seqlens), causal, no dropout, no
+// window, no ALiBi, no softcap; bf16, head dims 64 and 128, GQA (heads % heads_k == 0). Training
+// attends rows to themselves (mtrl_flash_varlen_fwd/bwd); the engine's prefill attends each
+// chunk of queries to its whole sequence so far (mtrl_flash_prefix_fwd: the queries are the last
+// positions of their key row, the causal mask aligned to the bottom right, as FA2 does when
+// seqlen_q < seqlen_k).
 //
 // Layouts (contiguous, element strides): q, out, dout, dq [total, heads, d]; k, v [total,
 // heads_k, d]; dk_expanded, dv_expanded [total, heads, d] (one slice per query head: the caller
 // sums each group of heads / heads_k into dk, dv); lse [heads, total] f32 (natural log of the
-// softmax denominator of the scaled scores); cu_seqlens [batch + 1] int32 on the device.
+// softmax denominator of the scaled scores); cu_seqlens [batch + 1] int32 on the device. The
+// prefix forward: q, out [total_q, heads, d]; k, v [total_k, heads_k, d]; cu_seqlens_q,
+// cu_seqlens_k [batch + 1]; lse [heads, total_q].
 // Scratch the caller allocates: rng_state 2 × u64; for the backward dq_accum, zeroed,
 // [nsplits, total + 128 · batch, heads, d_rounded] f32 with nsplits from mtrl_flash_dq_splits
 // (the deterministic backward: run to run the same bits), softmax_d [heads, total + 128 · batch].
@@ -47,10 +53,20 @@ static bool supported(int head_dim, int is_bf16) {
   return is_bf16 && (head_dim == 64 || head_dim == 128);
 }
 
+// Rows of queries and of keys: offsets [batch + 1], the longest, the total of queries.
+struct Rows {
+  const int* cu_q;
+  const int* cu_k;
+  int batch, max_q, max_k, total_q;
+};
+
+static Rows self_rows(const int* cu_seqlens, int batch, int max_seqlen, int total) {
+  return {cu_seqlens, cu_seqlens, batch, max_seqlen, max_seqlen, total};
+}
+
 static void set_fwd(FLASH_NAMESPACE::Flash_fwd_params& p, const void* q, const void* k,
-                    const void* v, void* out, float* lse, const int* cu_seqlens, int batch,
-                    int max_seqlen, int total, int heads, int heads_k, int d, float scale,
-                    uint64_t* rng_state) {
+                    const void* v, void* out, float* lse, const Rows& r, int heads, int heads_k,
+                    int d, float scale, uint64_t* rng_state) {
   p = {};
   p.is_bf16 = true;
   p.q_ptr = const_cast<void*>(q);
@@ -65,22 +81,22 @@ static void set_fwd(FLASH_NAMESPACE::Flash_fwd_params& p, const void* q, const v
   p.o_ptr = out;
   p.o_row_stride = (int64_t)heads * d;
   p.o_head_stride = d;
-  p.cu_seqlens_q = const_cast<int*>(cu_seqlens);
-  p.cu_seqlens_k = const_cast<int*>(cu_seqlens);
+  p.cu_seqlens_q = const_cast<int*>(r.cu_q);
+  p.cu_seqlens_k = const_cast<int*>(r.cu_k);
   p.seqused_k = nullptr;
   p.p_ptr = nullptr;
   p.softmax_lse_ptr = lse;
-  p.b = batch;
+  p.b = r.batch;
   p.h = heads;
   p.h_k = heads_k;
   p.h_h_k_ratio = heads / heads_k;
-  p.seqlen_q = max_seqlen;
-  p.seqlen_k = max_seqlen;
-  p.seqlen_q_rounded = round_up(max_seqlen, 128);
-  p.seqlen_k_rounded = round_up(max_seqlen, 128);
+  p.seqlen_q = r.max_q;
+  p.seqlen_k = r.max_k;
+  p.seqlen_q_rounded = round_up(r.max_q, 128);
+  p.seqlen_k_rounded = round_up(r.max_k, 128);
   p.d = d;
   p.d_rounded = round_up(d, 32);
-  p.total_q = total;
+  p.total_q = r.total_q;
   p.softcap = 0.f;
   p.scale_softmax = scale;
   p.scale_softmax_log2 = scale * float(M_LOG2E);
@@ -89,9 +105,11 @@ static void set_fwd(FLASH_NAMESPACE::Flash_fwd_params& p, const void* q, const v
   p.p_dropout_in_uint8_t = 255;
   p.rp_dropout = 1.f;
   p.scale_softmax_rp_dropout = scale;
-  // Causal: window (seqlen_k, 0), as set_params_fprop turns (-1, 0) into.
+  // Causal: window (seqlen_k, 0), as set_params_fprop turns (-1, 0) into. With seqlen_q <
+  // seqlen_k the kernels align the mask to the bottom right: query i of a row of lq queries and
+  // lk keys sees keys 0..=lk - lq + i.
   p.is_causal = true;
-  p.window_size_left = max_seqlen;
+  p.window_size_left = r.max_k;
   p.window_size_right = 0;
   p.is_seqlens_k_cumulative = true;
   p.unpadded_lse = true;
@@ -104,13 +122,14 @@ static void set_fwd(FLASH_NAMESPACE::Flash_fwd_params& p, const void* q, const v
 }
 
 static int check(int batch, int max_seqlen, int total, int heads, int heads_k, int d,
-                 int is_bf16) {
+                 int is_bf16, int max_seqlen_k = 1) {
   g_failed = false;
   g_msg[0] = 0;
   if (!supported(d, is_bf16)) {
     return fail(1, "flash attention: this build takes bf16 with head dim 64 or 128");
   }
-  if (batch <= 0 || max_seqlen <= 0 || total <= 0 || heads_k <= 0 || heads % heads_k != 0) {
+  if (batch <= 0 || max_seqlen <= 0 || max_seqlen_k <= 0 || total <= 0 || heads_k <= 0 ||
+      heads % heads_k != 0) {
     return fail(1, "flash attention: empty batch or heads not a multiple of the KV heads");
   }
   return 0;
@@ -142,8 +161,33 @@ extern "C" int mtrl_flash_varlen_fwd(const void* q, const void* k, const void* v
   int c = check(batch, max_seqlen, total, heads, heads_k, head_dim, is_bf16);
   if (c != 0) return c;
   FLASH_NAMESPACE::Flash_fwd_params p = {};
-  set_fwd(p, q, k, v, out, lse, cu_seqlens, batch, max_seqlen, total, heads, heads_k, head_dim,
-          scale, rng_state);
+  set_fwd(p, q, k, v, out, lse, self_rows(cu_seqlens, batch, max_seqlen, total), heads, heads_k,
+          head_dim, scale, rng_state);
+  if (head_dim == 64) {
+    FLASH_NAMESPACE::run_mha_fwd_<cutlass::bfloat16_t, 64, true>(p, stream);
+  } else {
+    FLASH_NAMESPACE::run_mha_fwd_<cutlass::bfloat16_t, 128, true>(p, stream);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return status();
+}
+
+// The engine's prefill: each row's queries are the last positions of its key row (a prompt
+// chunk after the sequence's stored positions), causal from the bottom right. No backward.
+extern "C" int mtrl_flash_prefix_fwd(const void* q, const void* k, const void* v, void* out,
+                                     float* lse, const int* cu_seqlens_q,
+                                     const int* cu_seqlens_k, int batch, int max_seqlen_q,
+                                     int max_seqlen_k, int total_q, int heads, int heads_k,
+                                     int head_dim, float scale, int is_bf16,
+                                     uint64_t* rng_state, cudaStream_t stream) {
+  int c = check(batch, max_seqlen_q, total_q, heads, heads_k, head_dim, is_bf16, max_seqlen_k);
+  if (c != 0) return c;
+  if (max_seqlen_q > max_seqlen_k) {
+    return fail(1, "flash attention: a row has more queries than keys");
+  }
+  FLASH_NAMESPACE::Flash_fwd_params p = {};
+  const Rows r = {cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k, total_q};
+  set_fwd(p, q, k, v, out, lse, r, heads, heads_k, head_dim, scale, rng_state);
   if (head_dim == 64) {
     FLASH_NAMESPACE::run_mha_fwd_<cutlass::bfloat16_t, 64, true>(p, stream);
   } else {
@@ -167,8 +211,9 @@ extern "C" int mtrl_flash_varlen_bwd(const void* dout, const void* q, const void
   // Value-initialised: set_fwd resets only the forward part, and every field of the backward's
   // own part not set below (the batch strides: unused with cu_seqlens) must be zero.
   FLASH_NAMESPACE::Flash_bwd_params p = {};
-  set_fwd(p, q, k, v, const_cast<void*>(out), const_cast<float*>(lse), cu_seqlens, batch,
-          max_seqlen, total, heads, heads_k, head_dim, scale, rng_state);
+  set_fwd(p, q, k, v, const_cast<void*>(out), const_cast<float*>(lse),
+          self_rows(cu_seqlens, batch, max_seqlen, total), heads, heads_k, head_dim, scale,
+          rng_state);
   const int64_t hd = (int64_t)heads * head_dim;
   p.do_ptr = const_cast<void*>(dout);
   p.do_row_stride = hd;

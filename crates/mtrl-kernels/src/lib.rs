@@ -133,6 +133,29 @@ pub mod flash {
             stream: *mut c_void,
         ) -> c_int;
 
+        /// The engine's prefill: `out`, `lse` of query rows that are the last positions of their
+        /// key rows (causal from the bottom right).
+        pub fn mtrl_flash_prefix_fwd(
+            q: *const c_void,
+            k: *const c_void,
+            v: *const c_void,
+            out: *mut c_void,
+            lse: *mut f32,
+            cu_seqlens_q: *const c_int,
+            cu_seqlens_k: *const c_int,
+            batch: c_int,
+            max_seqlen_q: c_int,
+            max_seqlen_k: c_int,
+            total_q: c_int,
+            heads: c_int,
+            heads_k: c_int,
+            head_dim: c_int,
+            scale: f32,
+            is_bf16: c_int,
+            rng_state: *mut u64,
+            stream: *mut c_void,
+        ) -> c_int;
+
         /// Backward: `dq`, and `dk`, `dv` per query head.
         pub fn mtrl_flash_varlen_bwd(
             dout: *const c_void,

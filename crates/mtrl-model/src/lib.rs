@@ -33,6 +33,7 @@ mod cpu;
 pub mod device;
 pub mod engine;
 pub mod error;
+pub mod flash_prefill;
 pub mod flash_varlen;
 pub mod gguf;
 pub mod host;

@@ -274,7 +274,8 @@ mod cuda;
 mod check;
 pub use check::check_against_gathered;
 #[cfg(test)]
-pub(crate) use check::{decode_fixture, step_fixture};
+pub(crate) use check::decode_fixture;
+pub(crate) use check::{per_query_table, step_fixture};
 
 #[cfg(test)]
 mod tests;

@@ -1,8 +1,8 @@
 //! `mtrl selftest`'s checks of mtrl's own kernels against their twins, on the selftest's device:
 //! on a GPU the CUDA kernel against the candle spelling it replaced (the KV write bit for bit, the
-//! paged attention of decode rows and prefill chunks within rounding; FlashAttention-2's forward
-//! and backward against their CPU twin), on the CPU the CPU twin against the same spelling. Also:
-//! no op ran on zero elements during the selftest.
+//! paged attention of decode rows and prefill chunks and FlashAttention-2's prefill within
+//! rounding; FlashAttention-2's training forward and backward against their CPU twin), on the CPU
+//! the CPU twin against the same spelling. Also: no op ran on zero elements during the selftest.
 
 use candle_core::{DType, Device, Tensor};
 use mtrl_model::kv_pool::{write_index, KvPool, SeqBlocks, BLOCK};
@@ -40,8 +40,20 @@ pub(crate) fn checks(dev: &Device) -> Result<Vec<(String, String, bool, Value)>>
             json!({"max_rel_diff_stats": o, "max_rel_diff_dz": d, "tol": tol}),
         ));
     }
-    // The fused training attention: on a GPU only where the binary carries the kernel.
-    if dev.is_cpu() || mtrl_model::AttentionKernel::Auto.fused_for(dev, DType::BF16, 128) {
+    // FlashAttention-2: on a GPU only where the binary carries the kernel.
+    let flash = dev.is_cpu() || mtrl_model::AttentionKernel::Auto.fused_for(dev, DType::BF16, 128);
+    if flash {
+        let d = mtrl_model::flash_prefill::check_against_gathered(dev, DType::BF16)?;
+        let tol = 5e-2f32;
+        out.push((
+            "prefill attention kernel (prompt chunks after stored positions) ≈ gathered attention"
+                .to_string(),
+            "bf16".to_string(),
+            d < tol,
+            json!({"max_abs_diff": d, "tol": tol}),
+        ));
+    }
+    if flash {
         let (o, g) = mtrl_model::flash_varlen::check_against_twin(dev)?;
         let (to, tg) = (2e-2f32, 5e-2f32);
         out.push((

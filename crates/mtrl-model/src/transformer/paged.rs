@@ -200,8 +200,11 @@ impl Transformer {
             true => DecodeTable::new(&[], dev),
             false => DecodeTable::new(batch.decode, dev),
         };
+        // Prefill chunks on tensor cores where FlashAttention-2 serves (`flash_prefill`).
+        let fused_prefill =
+            in_place && crate::flash_prefill::serves(dev, pool.layer(0).0.dtype(), d);
         let tables = match (in_place, self.be.ragged_in_one_pass()) {
-            (true, _) => Tables::InPlace,
+            (true, _) => Tables::InPlace { fused_prefill },
             (false, true) => Tables::Gather(&decode),
             (false, false) => Tables::Host,
         };
@@ -237,9 +240,9 @@ impl Transformer {
             )?;
             let q = rows(&q)?.contiguous()?; // [t, heads, d]
             let (kp, vp) = pool.layer(li);
-            if let Some(paged) = &meta.paged {
-                let a = crate::paged_attention::attend(&q, kp, vp, kv, paged)?.unsqueeze(0)?;
-                x = (x + self.be.linear(&a, &l.attn.o)?)?;
+            if in_place {
+                let a = self.attend_in_place(&meta, &q, (kp, vp), (n_dec, kv))?;
+                x = (x + self.be.linear(&a.unsqueeze(0)?, &l.attn.o)?)?;
                 x = self.mlp_block(l, x)?;
                 continue;
             }
@@ -274,6 +277,51 @@ impl Transformer {
         let x = x.squeeze(0)?.index_select(out, 0)?;
         host::nonempty(&x, "final norm");
         Ok(Some(self.be.rms_norm(&x, &self.norm, self.eps)?))
+    }
+}
+
+impl Transformer {
+    /// The attention of every row of `q` `[t, heads, d]` reading the store in place: the rows
+    /// [`StepMeta::paged`] covers through [`crate::paged_attention`] (all, or the `n_dec` decode
+    /// rows when the prefill is fused), the prefill rows through [`crate::flash_prefill`] over
+    /// their sequences' keys and values gathered once. Returns `[t, heads · d]`.
+    fn attend_in_place(
+        &self,
+        meta: &StepMeta,
+        q: &Tensor,
+        (kp, vp): (&Tensor, &Tensor),
+        (n_dec, kv): (usize, usize),
+    ) -> Result<Tensor> {
+        let t = q.dim(0)?;
+        let mut parts = Vec::with_capacity(2);
+        if let Some(paged) = &meta.paged {
+            let n = if meta.prefix.is_some() { n_dec } else { t };
+            parts.push(crate::paged_attention::attend(
+                &q.narrow(0, 0, n)?,
+                kp,
+                vp,
+                kv,
+                paged,
+            )?);
+        }
+        if let Some(pf) = &meta.prefix {
+            let d = kp.dim(1)?;
+            let gather = |pool: &Tensor| -> Result<Tensor> {
+                host::nonempty(&pf.key_rows, "prefill key gather");
+                pool.index_select(&pf.key_rows, 0)?
+                    .reshape((pf.keys, kv, d))
+            };
+            parts.push(crate::flash_prefill::attend(
+                &q.narrow(0, n_dec, t - n_dec)?,
+                &gather(kp)?,
+                &gather(vp)?,
+                &pf.rows,
+            )?);
+        }
+        match parts.len() {
+            1 => Ok(parts.remove(0)),
+            _ => Tensor::cat(&parts, 0),
+        }
     }
 }
 
@@ -355,9 +403,10 @@ mod tests {
         Tensor::cat(&out, 0).unwrap().to_dtype(DType::F64).unwrap()
     }
 
-    /// The one-call in-place attention (`crate::paged_attention`, its twin on the CPU) and the
-    /// gather spelling give the same hidden states for every row of a prefill step and a mixed
-    /// step, in f64 (the twin computes in f32) and bf16 (both round every op's output).
+    /// The one-call in-place attention (`crate::paged_attention`, its twin on the CPU), the same
+    /// with prefill chunks through `crate::flash_prefill` (its twin), and the gather spelling
+    /// give the same hidden states for every row of a prefill step and a mixed step, in f64 (the
+    /// twins compute in f32) and bf16 (all round every op's output).
     #[test]
     fn in_place_attention_equals_the_gather_spelling() {
         let cfg = Config::from_value(
@@ -375,16 +424,23 @@ mod tests {
                 let _twin = crate::paged_attention::force_twin();
                 two_steps(&p, dtype)
             };
+            let fused_prefill = {
+                let _twin = crate::paged_attention::force_twin();
+                let _prefill = crate::flash_prefill::force_twin();
+                two_steps(&p, dtype)
+            };
             assert_eq!(gathered.dims(), [83, 64]);
-            let diff = (gathered - in_place)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f64>()
-                .unwrap();
-            assert!(diff < tol, "{dtype:?}: in place vs gathered {diff}");
+            for (what, got) in [("in place", in_place), ("fused prefill", fused_prefill)] {
+                let diff = (&gathered - got)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_scalar::<f64>()
+                    .unwrap();
+                assert!(diff < tol, "{dtype:?}: {what} vs gathered {diff}");
+            }
         }
     }
 }

@@ -12,6 +12,7 @@ use candle_core::{DType, Device, Result, Tensor};
 
 use super::mask_value;
 use super::paged::{DecodeTable, Segment};
+use crate::flash_prefill::PrefixRows;
 use crate::kv_pool::gather_rows;
 use crate::paged_attention::PagedRows;
 
@@ -25,8 +26,19 @@ pub(super) enum Tables<'a> {
     /// table.
     Gather(&'a DecodeTable),
     /// [`crate::paged_attention`]: one slot table per segment, and each query's segment and
-    /// length; nothing padded, no gather index.
-    InPlace,
+    /// length; nothing padded. With `fused_prefill`, the prefill segments go to
+    /// [`crate::flash_prefill`] instead: their sequences' key rows (token-major) and the query
+    /// and key offsets.
+    InPlace { fused_prefill: bool },
+}
+
+/// The prefill segments' operands of [`crate::flash_prefill`].
+pub(super) struct PrefixMeta {
+    /// `[keys · kv]`: the pool row of every position and KV head of the segments' sequences.
+    pub key_rows: Tensor,
+    /// Σ (start + len) over the segments.
+    pub keys: usize,
+    pub rows: PrefixRows,
 }
 
 /// Views of the step's one upload.
@@ -42,8 +54,11 @@ pub(super) struct StepMeta {
     /// The decode rows' gather index `[n · kv · max_len]` and lengths `[n]`, when packed.
     pub decode: Option<(Tensor, Tensor)>,
     pub prefill: Option<PrefillMeta>,
-    /// Every row's attention tables, with [`Tables::InPlace`].
+    /// With [`Tables::InPlace`]: the tables of every row, or of the decode rows only when the
+    /// prefill is fused (`None` when there are none).
     pub paged: Option<PagedRows>,
+    /// With [`Tables::InPlace`] `{ fused_prefill: true }` and prefill segments.
+    pub prefix: Option<PrefixMeta>,
     /// `[S]`: `0, 1, …` for the masks.
     ramp: Tensor,
 }
@@ -115,17 +130,44 @@ impl StepMeta {
             }
             _ => None,
         };
+        let fused = matches!(
+            tables,
+            Tables::InPlace {
+                fused_prefill: true
+            }
+        ) && !prefill.is_empty();
         let r_paged = match tables {
-            Tables::InPlace => {
-                let segs: Vec<&Segment> = decode.iter().chain(prefill).collect();
-                let (table, qrow, qlen, s_max) = crate::paged_attention::layout(&segs);
-                let table = section(&mut buf, table);
-                let (qrow, qlen) = (section(&mut buf, qrow), section(&mut buf, qlen));
-                Some((table, qrow, qlen, s_max))
+            Tables::InPlace { .. } => {
+                let segs: Vec<&Segment> = match fused {
+                    true => decode.iter().collect(),
+                    false => decode.iter().chain(prefill).collect(),
+                };
+                if segs.is_empty() {
+                    None
+                } else {
+                    let (table, qrow, qlen, s_max) = crate::paged_attention::layout(&segs);
+                    let table = section(&mut buf, table);
+                    let (qrow, qlen) = (section(&mut buf, qrow), section(&mut buf, qlen));
+                    Some((table, qrow, qlen, s_max))
+                }
             }
             _ => None,
         };
-        let r_pre = if prefill.is_empty() || matches!(tables, Tables::InPlace) {
+        let r_prefix = if fused {
+            let segs: Vec<&Segment> = prefill.iter().collect();
+            let start = buf.len();
+            crate::flash_prefill::key_rows(&segs, kv, &mut buf);
+            let key_rows = (start, buf.len() - start);
+            let lens: Vec<(usize, usize)> =
+                prefill.iter().map(|s| (s.len, s.start + s.len)).collect();
+            let (qo, ko) = crate::flash_prefill::offsets(&lens);
+            let cu_q = section(&mut buf, qo.iter().map(|&x| x as u32));
+            let cu_k = section(&mut buf, ko.iter().map(|&x| x as u32));
+            Some((key_rows, cu_q, cu_k, qo, ko))
+        } else {
+            None
+        };
+        let r_pre = if prefill.is_empty() || matches!(tables, Tables::InPlace { .. }) {
             None
         } else {
             let m = prefill.len();
@@ -189,6 +231,16 @@ impl StepMeta {
                         qrow: view(qrow)?,
                         qlen: view(qlen)?,
                         s_max,
+                    })
+                })
+                .transpose()?,
+            prefix: r_prefix
+                .map(|(key_rows, cu_q, cu_k, qo, ko)| {
+                    let keys = ko.last().copied().unwrap_or(0);
+                    Ok::<_, candle_core::Error>(PrefixMeta {
+                        key_rows: view(key_rows)?,
+                        keys,
+                        rows: PrefixRows::with_device(qo, ko, view(cu_q)?, view(cu_k)?)?,
                     })
                 })
                 .transpose()?,
