@@ -14,7 +14,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The `src/*.cu` files, each compiled to `$OUT_DIR/<name>.ptx`.
-const KERNELS: &[&str] = &["kv_write", "paged_attention", "logprob_head"];
+const KERNELS: &[&str] = &[
+    "kv_write",
+    "paged_attention",
+    "logprob_head",
+    "rms_norm",
+    "swiglu",
+];
 
 /// The FlashAttention-2 translation units taken (under `csrc/flash_attn/src`).
 const FLASH_UNITS: &[&str] = &[

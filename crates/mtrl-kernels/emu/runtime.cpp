@@ -14,6 +14,8 @@ thread_local mtrl_emu::Ctx mtrl_emu::ctx;
 extern "C" mtrl_emu::Invoke mtrl_emu_find_kv_write(const char*);
 extern "C" mtrl_emu::Invoke mtrl_emu_find_paged_attention(const char*);
 extern "C" mtrl_emu::Invoke mtrl_emu_find_logprob_head(const char*);
+extern "C" mtrl_emu::Invoke mtrl_emu_find_rms_norm(const char*);
+extern "C" mtrl_emu::Invoke mtrl_emu_find_swiglu(const char*);
 
 namespace {
 
@@ -63,7 +65,7 @@ void trampoline() {
 
 mtrl_emu::Invoke find(const char* name) {
   for (auto f : {mtrl_emu_find_kv_write, mtrl_emu_find_paged_attention,
-                 mtrl_emu_find_logprob_head}) {
+                 mtrl_emu_find_logprob_head, mtrl_emu_find_rms_norm, mtrl_emu_find_swiglu}) {
     if (mtrl_emu::Invoke k = f(name)) return k;
   }
   return nullptr;

@@ -13,6 +13,11 @@
 //! - `logprob_head.cu`: the log-prob head's passes over a chunk of logits — log-sum-exp, picked
 //!   log-prob and entropy in one kernel, the logits' gradient in another (`mtrl_model::
 //!   logprob_head`; twin: its CPU loop, held to candle's log-softmax spelling).
+//! - `rms_norm.cu`: RMSNorm's forward (keeping each row's 1/rms) and its backward's dx and dw
+//!   passes (`mtrl_model::rms_norm`; twin: its CPU loop, held to candle's spelling and its
+//!   autograd).
+//! - `swiglu.cu`: `silu(g) · u` and its backward in one pass each (`mtrl_model::swiglu`; twin:
+//!   its CPU loop, held to candle's spelling and its autograd).
 //! - With `flash-attn`: FlashAttention-2's varlen causal forward and backward (bf16, head dims 64
 //!   and 128) as a static library behind the C functions of [`flash`] (`flash/api.cu`; used by
 //!   `mtrl_model::flash_varlen`, whose CPU twin runs the same arithmetic one query at a time).
@@ -50,6 +55,22 @@ pub const LOGPROB_HEAD: &str = include_str!(concat!(env!("OUT_DIR"), "/logprob_h
 /// The module name `LOGPROB_HEAD` is loaded under.
 pub const LOGPROB_HEAD_MODULE: &str = "mtrl_logprob_head";
 
+/// The PTX of `src/rms_norm.cu` (functions `rms_norm_fwd_*`, `rms_norm_bwd_dx_*`,
+/// `rms_norm_bwd_dw_*` for `bf16`, `f16`, `f32`).
+#[cfg(feature = "cuda")]
+pub const RMS_NORM: &str = include_str!(concat!(env!("OUT_DIR"), "/rms_norm.ptx"));
+
+/// The module name `RMS_NORM` is loaded under.
+pub const RMS_NORM_MODULE: &str = "mtrl_rms_norm";
+
+/// The PTX of `src/swiglu.cu` (functions `swiglu_fwd_*`, `swiglu_bwd_*` for `bf16`, `f16`,
+/// `f32`).
+#[cfg(feature = "cuda")]
+pub const SWIGLU: &str = include_str!(concat!(env!("OUT_DIR"), "/swiglu.ptx"));
+
+/// The module name `SWIGLU` is loaded under.
+pub const SWIGLU_MODULE: &str = "mtrl_swiglu";
+
 /// A launch's geometry, `(grid, block)` as cudarc's `LaunchConfig` takes them. Each kernel's is
 /// computed here, once, for its CUDA launch and its emulated one ([`emu`] with feature `emu`).
 pub type Geometry = ((u32, u32, u32), (u32, u32, u32));
@@ -79,6 +100,27 @@ pub fn kv_write_geometry(tokens: usize, row: usize) -> Result<Geometry, String> 
 /// `paged_attention`: one block of 4 warps (its `WARPS`) per (query, head).
 pub fn paged_attention_geometry(queries: usize, heads: usize) -> Result<Geometry, String> {
     Ok((grid("paged_attention", queries, heads)?, (128, 1, 1)))
+}
+
+/// `rms_norm_fwd` and `rms_norm_bwd_dx`: one block per row of `d`, a multiple of 32 threads up
+/// to 256 (its `MAX_WARPS` · 32).
+pub fn rms_norm_rows_geometry(rows: usize, d: usize) -> Result<Geometry, String> {
+    let threads = d.div_ceil(32).clamp(1, 8) * 32;
+    Ok((grid("rms_norm", rows, 1)?, (threads as u32, 1, 1)))
+}
+
+/// `rms_norm_bwd_dw`: (column blocks of 256, row groups); returns the geometry and the number of
+/// row groups (the rows of its partial sums).
+pub fn rms_norm_dw_geometry(rows: usize, d: usize) -> Result<(Geometry, usize), String> {
+    let groups = rows.clamp(1, 512);
+    let g = grid("rms_norm_bwd_dw", d.div_ceil(256), groups)?;
+    Ok(((g, (256, 1, 1)), groups))
+}
+
+/// `swiglu_fwd` and `swiglu_bwd`: blocks of 256 threads striding over `n` elements.
+pub fn swiglu_geometry(n: usize) -> Result<Geometry, String> {
+    let blocks = n.div_ceil(256).clamp(1, 1 << 16);
+    Ok((grid("swiglu", blocks, 1)?, (256, 1, 1)))
 }
 
 /// `logprob_head`'s block (its `THREADS`).

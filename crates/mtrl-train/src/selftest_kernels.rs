@@ -40,6 +40,23 @@ pub(crate) fn checks(dev: &Device) -> Result<Vec<(String, String, bool, Value)>>
             json!({"max_rel_diff_stats": o, "max_rel_diff_dz": d, "tol": tol}),
         ));
     }
+    for (dtype, tol) in [(DType::BF16, 1e-2f32), (DType::F32, 1e-4)] {
+        let dt = format!("{dtype:?}").to_lowercase();
+        let (y, g) = mtrl_model::rms_norm::check_against_twin(dev, dtype)?;
+        out.push((
+            "rms-norm kernels ≈ twin (y; dx, dw)".to_string(),
+            dt.clone(),
+            y < tol && g < tol,
+            json!({"max_rel_diff_y": y, "max_rel_diff_grad": g, "tol": tol}),
+        ));
+        let (y, g) = mtrl_model::swiglu::check_against_twin(dev, dtype)?;
+        out.push((
+            "swiglu kernels ≈ twin (y; dg, du)".to_string(),
+            dt,
+            y < tol && g < tol,
+            json!({"max_rel_diff_y": y, "max_rel_diff_grad": g, "tol": tol}),
+        ));
+    }
     // FlashAttention-2: on a GPU only where the binary carries the kernel.
     let flash = dev.is_cpu() || mtrl_model::AttentionKernel::Auto.fused_for(dev, DType::BF16, 128);
     if flash {

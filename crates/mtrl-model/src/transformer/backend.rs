@@ -156,6 +156,10 @@ impl Backend for Candle {
         if !self.differentiable && x.dtype() != DType::F64 {
             return candle_nn::ops::rms_norm(&x.contiguous()?, w, eps as f32);
         }
+        // Training on a GPU: mtrl's kernels, forward and backward (`crate::rms_norm`).
+        if self.differentiable && crate::rms_norm::serves(x.device(), x.dtype()) {
+            return crate::rms_norm::rms_norm(x, w, eps);
+        }
         let dtype = x.dtype();
         let x = x.to_dtype(DType::F32)?;
         let var = x.sqr()?.mean_keepdim(D::Minus1)?;
@@ -200,6 +204,10 @@ impl Backend for Candle {
 
     fn swiglu(&self, g: &Tensor, u: &Tensor) -> Result<Tensor> {
         host::nonempty(g, "swiglu");
+        // On a GPU one kernel per pass, forward and backward (`crate::swiglu`).
+        if crate::swiglu::serves(g.device(), g.dtype()) {
+            return crate::swiglu::swiglu(g, u);
+        }
         g.silu()? * u
     }
 
@@ -285,3 +293,6 @@ pub(crate) fn with_bias(y: Tensor, l: &Linear, mut dims: Vec<usize>) -> Result<T
     dims[last] = l.w.dim(0)?;
     y.reshape(dims)
 }
+
+#[cfg(test)]
+mod tests;
