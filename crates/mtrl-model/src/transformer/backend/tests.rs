@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::config::Config;
 use crate::policy::Policy;
 
 /// The tiny Qwen3 fixture (the golden tests' model) in `dtype`.
