@@ -9,6 +9,7 @@ Inputs (files in --dir, each optional; a missing or empty one yields a `missing`
   mtrl-train-ckpt.json, mtrl-train-long.json   the same with --checkpointing ([8, 2048] at once; one long row)
   gpu.json           the card (nvidia-smi name, memory, driver): names the MFU peak
   mtrl-engine.json   `mtrl bench engine` (paged vs legacy engine, one JSON object)
+  mtrl-engine-gathered.json  the same with `--attention gathered`
   torch-gen.jsonl    `bench/torch_ref.py --jsonl --skip-train` (one line per figure)
   torch-train.jsonl  `bench/torch_ref.py --jsonl --skip-gen` (amp, then optionally bf16)
   mem.json           {"<phase>": peak MiB above the idle baseline, ...} from nvidia-smi sampling
@@ -105,6 +106,7 @@ def main():
     mem = read_json(os.path.join(d, "mem.json")) or {}
     rl = read_json(os.path.join(d, "train-smoke-summary.json"))
     eng = read_json(os.path.join(d, "mtrl-engine.json"))
+    eng_gathered = read_json(os.path.join(d, "mtrl-engine-gathered.json"))
 
     mtrl = {}
     if dec:
@@ -169,6 +171,12 @@ def main():
               "ratio": eng.get("episodes_per_s_ratio"), "kv_reuse_factor": eng.get("kv_reuse_factor")})
     else:
         emit({"impl": "mtrl", "figure": "engine_multi_turn", "missing": True})
+    if eng and eng_gathered:
+        a, g = eng["paged"]["episodes_per_s"], eng_gathered["paged"]["episodes_per_s"]
+        emit({"impl": "mtrl", "figure": "engine_attention_ratio",
+              "attention": (eng.get("workload") or {}).get("attention"),
+              "episodes_per_s": a, "gathered_episodes_per_s": g,
+              "ratio": round(a / g, 3) if g else None})
 
     torch = {}
     for r in tgen + ttrain:

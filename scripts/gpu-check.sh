@@ -16,7 +16,8 @@
 #      and, after the engine bench, the learner with activation checkpointing: the [8, 2048]
 #      step with all 8 rows in one forward, and one 16,384-token row;
 #   4. `mtrl bench engine`: 64 four-call episodes (150-token tool responses) on the paged engine
-#      and on the legacy one, side by side (episodes/s ratio, KV-reuse factor);
+#      and on the legacy one, side by side (episodes/s ratio, KV-reuse factor); then again with
+#      the engine's attention gathered (`--attention gathered`: what the in-place kernels buy);
 #   5. bench/torch_ref.py, the same workload with transformers (bf16 `generate` with KV cache;
 #      forward + backward + AdamW, amp and pure bf16);
 #   6. bench/gpu_report.py: one JSON line per figure, ratio lines and a summary.
@@ -366,6 +367,10 @@ if (( LAST > 0 )); then
   run "mtrl-decode-$b" "$OUTDIR/mtrl-decode-$b.json" 150 "${BENCH_DECODE[@]}" "$b" --phases decode
 fi
 run mtrl-engine "$OUTDIR/mtrl-engine.json" 120 "${BENCH_ENGINE[@]}"
+# The same workload with the engine's attention spelled out (gathered keys and values, masked
+# attention): what the in-place paged kernel and FlashAttention-2 prefill buy on this card.
+run mtrl-engine-gathered "$OUTDIR/mtrl-engine-gathered.json" 120 "${BENCH_ENGINE[@]}" \
+  --attention gathered
 run mtrl-train-ckpt "$OUTDIR/mtrl-train-ckpt.json" 90 "${BENCH_TRAIN_CKPT[@]}"
 run mtrl-train-long "$OUTDIR/mtrl-train-long.json" 120 "${BENCH_TRAIN_LONG[@]}"
 run torch-train-bf16 "$OUTDIR/torch-train-bf16.jsonl" 60 "${TORCH_TRAIN_BF16[@]}"

@@ -278,4 +278,20 @@ fn kv_cache_fraction_bounds_the_store_in_device_memory() {
         "{:?}",
         engine.resident_tokens()
     );
+    // `rollout.engine_attention` reaches the engine's options ("auto" by default); a bad value
+    // names its key.
+    assert_eq!(
+        engine.options().attention,
+        mtrl_model::EngineAttention::Auto
+    );
+    for name in mtrl_model::EngineAttention::NAMES {
+        let cfg = with(&format!("engine_attention = \"{name}\"\n"));
+        let opts = mtrl_train::setup::engine_options(&cfg, engine.policy()).unwrap();
+        assert_eq!(opts.attention.name(), name);
+    }
+    let bad = text.replace("[rollout]\n", "[rollout]\nengine_attention = \"flash\"\n");
+    let e = Config::from_toml_str(&bad, &repo().join("configs/x.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rollout.engine_attention"), "{e}");
 }

@@ -33,6 +33,10 @@ pub struct BenchEngineArgs {
     /// The paged engine's prompt tokens per step.
     #[arg(long, default_value_t = 512)]
     pub prefill_chunk_tokens: usize,
+    /// The paged engine's attention (`[rollout] engine_attention`): auto, paged, flash-prefill or
+    /// gathered.
+    #[arg(long, default_value = "auto", value_parser = parse_attention)]
+    pub attention: mtrl_model::EngineAttention,
     /// Timed runs per engine after one warm-up (the best is reported).
     #[arg(long, default_value_t = 2)]
     pub repeats: usize,
@@ -67,9 +71,19 @@ pub fn run(args: &BenchEngineArgs) -> anyhow::Result<()> {
         new_tokens: args.new_tokens,
         max_batch: args.max_batch.unwrap_or(args.episodes).max(1),
         prefill_chunk_tokens: args.prefill_chunk_tokens.max(1),
+        attention: args.attention,
         repeats: args.repeats,
     };
     let report = run_bench(cfg, dtype, &device, &opts)?;
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
+}
+
+fn parse_attention(s: &str) -> Result<mtrl_model::EngineAttention, String> {
+    mtrl_model::EngineAttention::parse(s).ok_or_else(|| {
+        format!(
+            "unknown engine attention {s:?} (one of {})",
+            mtrl_model::EngineAttention::NAMES.join(", ")
+        )
+    })
 }

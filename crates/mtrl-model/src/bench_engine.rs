@@ -33,7 +33,17 @@ pub struct EngineBenchOptions {
     pub max_batch: usize,
     /// The paged engine's prefill chunk.
     pub prefill_chunk_tokens: usize,
+    /// The paged engine's attention.
+    #[serde(serialize_with = "attention_name")]
+    pub attention: crate::EngineAttention,
     pub repeats: usize,
+}
+
+fn attention_name<S: serde::Serializer>(
+    a: &crate::EngineAttention,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(a.name())
 }
 
 /// One engine's figures (best run).
@@ -136,6 +146,7 @@ pub fn run(
     for rep in 0..=o.repeats.max(1) {
         let opts = EngineOptions {
             prefill_chunk_tokens: o.prefill_chunk_tokens,
+            attention: o.attention,
             ..EngineOptions::new(o.max_batch)
         };
         let mut e = Engine::with_options(policy.clone(), None, 0, opts)?;

@@ -23,37 +23,6 @@ use crate::cpu::slice_of;
 use crate::kv_pool::row_of;
 use crate::transformer::paged::Segment;
 
-/// Where the kernel serves: a binary built with `flash-attn`, CUDA, bf16, head dim 64 or 128.
-pub(crate) fn serves(dev: &Device, dtype: DType, head_dim: usize) -> bool {
-    crate::flash_varlen::kernel_serves(dev, dtype, head_dim) || (dev.is_cpu() && twin_forced())
-}
-
-#[cfg(test)]
-thread_local! {
-    static FORCE_TWIN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Tests: the engine's forward runs prefill chunks through this op on the CPU too (through the
-/// twin) while the returned guard lives on this thread.
-#[cfg(test)]
-pub(crate) fn force_twin() -> impl Drop {
-    struct Guard;
-    impl Drop for Guard {
-        fn drop(&mut self) {
-            FORCE_TWIN.with(|f| f.set(false));
-        }
-    }
-    FORCE_TWIN.with(|f| f.set(true));
-    Guard
-}
-
-fn twin_forced() -> bool {
-    #[cfg(test)]
-    return FORCE_TWIN.with(|f| f.get());
-    #[cfg(not(test))]
-    false
-}
-
 /// The rows of one call: query and key offsets on the host (`[rows + 1]` each) and on the
 /// device (u32, read as int32 by the kernel).
 #[derive(Debug, Clone)]

@@ -32,6 +32,7 @@ pub mod config;
 mod cpu;
 pub mod device;
 pub mod engine;
+pub mod engine_attention;
 pub mod error;
 pub mod flash_prefill;
 pub mod flash_varlen;
@@ -61,6 +62,7 @@ pub use engine::{
     Completion, Engine, EngineCounters, EngineOptions, FinishReason, GenerationRequest,
     LegacyEngine, SampledToken, SeqId, StepOutput, Stepper,
 };
+pub use engine_attention::EngineAttention;
 pub use error::{ModelError, Result};
 pub use flash_varlen::AttentionKernel;
 pub use kv_cache::KvCache;

@@ -20,37 +20,10 @@ use crate::transformer::paged::Segment;
 /// Where the kernel serves: CUDA, bf16/f16/f32 (the pool's dtype), head dims that are multiples of
 /// 32 up to 256 (a lane holds at most 8 elements; Qwen: 64, 128).
 pub(crate) fn serves(dev: &Device, dtype: DType, head_dim: usize) -> bool {
-    let kernel = dev.is_cuda() && matches!(dtype, DType::BF16 | DType::F16 | DType::F32);
-    // Tests may route any CPU dtype through the twin (f64: the tightest comparison).
-    (kernel || (dev.is_cpu() && twin_forced()))
+    dev.is_cuda()
+        && matches!(dtype, DType::BF16 | DType::F16 | DType::F32)
         && head_dim.is_multiple_of(32)
         && (32..=256).contains(&head_dim)
-}
-
-#[cfg(test)]
-thread_local! {
-    static FORCE_TWIN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Tests: the engine's forward takes the in-place path on the CPU too (through the twin) while
-/// the returned guard lives on this thread.
-#[cfg(test)]
-pub(crate) fn force_twin() -> impl Drop {
-    struct Guard;
-    impl Drop for Guard {
-        fn drop(&mut self) {
-            FORCE_TWIN.with(|f| f.set(false));
-        }
-    }
-    FORCE_TWIN.with(|f| f.set(true));
-    Guard
-}
-
-fn twin_forced() -> bool {
-    #[cfg(test)]
-    return FORCE_TWIN.with(|f| f.get());
-    #[cfg(not(test))]
-    false
 }
 
 /// The step's rows as the kernel reads them, on the device (views of the step's one upload,

@@ -205,6 +205,7 @@ pub fn engine_options(cfg: &Config, policy: &Policy) -> Result<EngineOptions> {
         max_batch: r.max_batch,
         kv_cache_tokens: Some(tokens),
         prefill_chunk_tokens: r.prefill_chunk_tokens,
+        attention: mtrl_model::EngineAttention::parse(&r.engine_attention).unwrap_or_default(),
     })
 }
 

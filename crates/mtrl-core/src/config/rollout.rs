@@ -15,6 +15,12 @@
 //!                                # (the GPU's; the host's on the CPU), in positions of the model
 //!                                # (not with kv_cache_tokens)
 //! prefill_chunk_tokens = 512     # prompt tokens prefilled per engine step, across sequences
+//! engine_attention = "auto"      # the engine's attention: "paged" (every row reads the paged
+//!                                # store in place: mtrl's kernel on CUDA, its CPU twin
+//!                                # elsewhere), "flash-prefill" (prompt chunks through
+//!                                # FlashAttention-2, the rest paged), "gathered" (keys and
+//!                                # values copied to padded tensors), "auto" (the fastest the
+//!                                # build and model allow; gathered on the CPU)
 //! environment = "search"         # or "pick": one-token toy task for CI (see mtrl-rollout), or
 //!                                # "agent": the user's agent over HTTP (mtrl-serve)
 //! agent_url = "http://127.0.0.1:8080/invocations"   # environment = "agent": where tasks go
@@ -55,6 +61,7 @@ pub struct RolloutSpec {
     pub kv_cache_tokens: Option<usize>,
     pub kv_cache_fraction: Option<f64>,
     pub prefill_chunk_tokens: Option<usize>,
+    pub engine_attention: Option<String>,
     pub environment: Option<String>,
     pub timeout_s: Option<f64>,
     pub max_retries: Option<usize>,
@@ -122,6 +129,8 @@ pub struct RolloutConfig {
     /// The store's bound as a fraction of the device's memory (exclusive with `kv_cache_tokens`).
     pub kv_cache_fraction: Option<f64>,
     pub prefill_chunk_tokens: usize,
+    /// `auto`, `paged`, `flash-prefill` or `gathered` (mtrl_model::EngineAttention).
+    pub engine_attention: String,
     pub environment: EnvironmentKind,
     /// Wall-clock limit of one episode attempt; `None` = no limit.
     pub timeout_s: Option<f64>,
@@ -158,6 +167,7 @@ impl Default for RolloutConfig {
             kv_cache_tokens: None,
             kv_cache_fraction: None,
             prefill_chunk_tokens: 512,
+            engine_attention: "auto".into(),
             environment: EnvironmentKind::Search,
             timeout_s: Some(600.0),
             max_retries: 2,
@@ -283,6 +293,18 @@ impl RolloutSpec {
                 1,
                 1 << 20,
             )?,
+            engine_attention: match self.engine_attention.as_deref() {
+                None => d.engine_attention,
+                Some(a @ ("auto" | "paged" | "flash-prefill" | "gathered")) => a.to_string(),
+                Some(other) => {
+                    return Err(ctx.invalid(
+                        "rollout.engine_attention",
+                        format!(
+                            "`{other}`: expected \"auto\", \"paged\", \"flash-prefill\" or \"gathered\""
+                        ),
+                    ))
+                }
+            },
             environment,
             agent,
             weight_sync,

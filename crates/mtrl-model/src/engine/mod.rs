@@ -234,6 +234,8 @@ pub struct EngineOptions {
     pub kv_cache_tokens: Option<usize>,
     /// Prompt rows per step at most, across sequences (decode rows come on top).
     pub prefill_chunk_tokens: usize,
+    /// How the forward attends (`[rollout] engine_attention`).
+    pub attention: crate::EngineAttention,
 }
 
 impl EngineOptions {
@@ -243,6 +245,7 @@ impl EngineOptions {
             max_batch,
             kv_cache_tokens: None,
             prefill_chunk_tokens: 512,
+            attention: crate::EngineAttention::Auto,
         }
     }
 }

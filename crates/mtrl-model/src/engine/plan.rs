@@ -43,7 +43,10 @@ impl Engine {
             );
         }
         let t0 = Instant::now();
-        let hidden = self.policy.inference().forward_paged(&batch, &self.pool)?;
+        let hidden =
+            self.policy
+                .inference()
+                .forward_paged_with(&batch, &self.pool, self.opts.attention)?;
         if traced {
             self.policy.device().synchronize()?;
             mtrl_core::trace!("forward {n}: model forward done");

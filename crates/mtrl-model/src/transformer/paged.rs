@@ -24,6 +24,7 @@ use super::step_meta::{StepMeta, Tables};
 use super::Transformer;
 use crate::host;
 use crate::kv_pool::{gather_index, KvPool};
+use crate::EngineAttention;
 
 /// One sequence's rows in a step.
 #[derive(Debug, Clone)]
@@ -141,6 +142,16 @@ impl Transformer {
     /// segment in its own, so a row's arithmetic never depends on what shares its step — the
     /// product kernels pick their blocking by row count — and runs are reproducible.
     pub fn forward_paged(&self, batch: &PagedBatch, pool: &KvPool) -> Result<Option<Tensor>> {
+        self.forward_paged_with(batch, pool, EngineAttention::Auto)
+    }
+
+    /// [`Self::forward_paged`] attending as `attention` says (`[rollout] engine_attention`).
+    pub fn forward_paged_with(
+        &self,
+        batch: &PagedBatch,
+        pool: &KvPool,
+        attention: EngineAttention,
+    ) -> Result<Option<Tensor>> {
         let b = Rows {
             ids: &batch.ids,
             decode: &batch.decode,
@@ -148,7 +159,7 @@ impl Transformer {
             outputs: &batch.outputs,
         };
         if self.be.ragged_in_one_pass() || b.decode.len() + b.prefill.len() <= 1 {
-            return self.forward_rows(b, pool);
+            return self.forward_rows(b, pool, attention);
         }
         let n_dec = b.decode.len();
         // Outputs are ascending rows: each part's are a contiguous run of them.
@@ -174,7 +185,7 @@ impl Transformer {
                 prefill,
                 outputs: &outputs,
             };
-            hidden.extend(self.forward_rows(sub, pool)?);
+            hidden.extend(self.forward_rows(sub, pool, attention)?);
         }
         Ok(match hidden.len() {
             0 => None,
@@ -184,7 +195,12 @@ impl Transformer {
     }
 
     /// [`Self::forward_paged`] in one pass.
-    fn forward_rows(&self, batch: Rows<'_>, pool: &KvPool) -> Result<Option<Tensor>> {
+    fn forward_rows(
+        &self,
+        batch: Rows<'_>,
+        pool: &KvPool,
+        attention: EngineAttention,
+    ) -> Result<Option<Tensor>> {
         let dev = self.embed.device();
         let t = batch.ids.len();
         let n_dec = batch.decode.len();
@@ -195,14 +211,13 @@ impl Transformer {
             candle_core::bail!("a model without layers")
         };
         let (heads, kv, d) = (l0.attn.heads, l0.attn.kv_heads, l0.attn.head_dim);
-        let in_place = self.be.paged_in_place(dev, pool.layer(0).0.dtype(), d);
+        // In place (`paged_attention`), with prompt chunks on tensor cores (`flash_prefill`)?
+        let (in_place, fused_prefill) =
+            attention.resolve(&*self.be, dev, pool.layer(0).0.dtype(), d)?;
         let mut decode = match in_place {
             true => DecodeTable::new(&[], dev),
             false => DecodeTable::new(batch.decode, dev),
         };
-        // Prefill chunks on tensor cores where FlashAttention-2 serves (`flash_prefill`).
-        let fused_prefill =
-            in_place && crate::flash_prefill::serves(dev, pool.layer(0).0.dtype(), d);
         let tables = match (in_place, self.be.ragged_in_one_pass()) {
             (true, _) => Tables::InPlace { fused_prefill },
             (false, true) => Tables::Gather(&decode),
@@ -350,11 +365,12 @@ mod tests {
     use crate::config::Config;
     use crate::kv_pool::{KvPool, SeqBlocks};
     use crate::policy::Policy;
+    use crate::EngineAttention;
 
     /// Two steps of the engine's forward: prompts of 70 and 5 tokens, then a mixed step (a
     /// decode row, a second chunk of the 5-token prompt, a new 3-token prompt). Returns every
     /// row's final hidden state of both steps.
-    fn two_steps(p: &Policy, dtype: DType) -> Tensor {
+    fn two_steps(p: &Policy, dtype: DType, attention: EngineAttention) -> Tensor {
         let dev = Device::Cpu;
         let mut pool = KvPool::new(2, 2, 32, 1024, dtype, &dev).unwrap();
         let mut seqs = [
@@ -387,7 +403,13 @@ mod tests {
             ],
             outputs: (0..75).collect(),
         };
-        out.push(p.inference().forward_paged(&first, &pool).unwrap().unwrap());
+        let run = |b: &PagedBatch, pool: &KvPool| {
+            p.inference()
+                .forward_paged_with(b, pool, attention)
+                .unwrap()
+                .unwrap()
+        };
+        out.push(run(&first, &pool));
         let decode = vec![seg(&mut pool, &mut seqs[0], 1)];
         let prefill = vec![
             seg(&mut pool, &mut seqs[1], 4),
@@ -399,14 +421,14 @@ mod tests {
             prefill,
             outputs: (0..8).collect(),
         };
-        out.push(p.inference().forward_paged(&mixed, &pool).unwrap().unwrap());
+        out.push(run(&mixed, &pool));
         Tensor::cat(&out, 0).unwrap().to_dtype(DType::F64).unwrap()
     }
 
-    /// The one-call in-place attention (`crate::paged_attention`, its twin on the CPU), the same
-    /// with prefill chunks through `crate::flash_prefill` (its twin), and the gather spelling
-    /// give the same hidden states for every row of a prefill step and a mixed step, in f64 (the
-    /// twins compute in f32) and bf16 (all round every op's output).
+    /// `engine_attention` = "paged" (one call per layer through `crate::paged_attention`, its twin
+    /// on the CPU), "flash-prefill" (prompt chunks through `crate::flash_prefill`'s twin) and
+    /// "gathered" give the same hidden states for every row of a prefill step and a mixed step,
+    /// in f64 (the twins compute in f32) and bf16 (all round every op's output).
     #[test]
     fn in_place_attention_equals_the_gather_spelling() {
         let cfg = Config::from_value(
@@ -419,16 +441,22 @@ mod tests {
         .unwrap();
         for (dtype, tol) in [(DType::F64, 1e-4), (DType::BF16, 0.15)] {
             let p = Policy::random(cfg.clone(), dtype, &Device::Cpu).unwrap();
-            let gathered = two_steps(&p, dtype);
-            let in_place = {
-                let _twin = crate::paged_attention::force_twin();
-                two_steps(&p, dtype)
-            };
-            let fused_prefill = {
-                let _twin = crate::paged_attention::force_twin();
-                let _prefill = crate::flash_prefill::force_twin();
-                two_steps(&p, dtype)
-            };
+            let gathered = two_steps(&p, dtype, EngineAttention::Gathered);
+            // On the CPU `auto` is the gather spelling.
+            let auto = two_steps(&p, dtype, EngineAttention::Auto);
+            assert_eq!(
+                (&gathered - &auto)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_scalar::<f64>()
+                    .unwrap(),
+                0.0
+            );
+            let in_place = two_steps(&p, dtype, EngineAttention::Paged);
+            let fused_prefill = two_steps(&p, dtype, EngineAttention::FlashPrefill);
             assert_eq!(gathered.dims(), [83, 64]);
             for (what, got) in [("in place", in_place), ("fused prefill", fused_prefill)] {
                 let diff = (&gathered - got)
