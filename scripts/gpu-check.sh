@@ -186,6 +186,7 @@ if [[ "$DRY" == 1 ]]; then
     [[ "$help" == *"$flag"* ]] || die "mtrl bench model has no $flag"
   done
   "$BIN" selftest --help | grep -q -- --fixtures || die "mtrl selftest has no --fixtures"
+  "$BIN" bench engine --help | grep -q -- --attention || die "mtrl bench engine has no --attention"
   help="$("$BIN" train --help)"
   for flag in --config --fresh --max-steps --quiet; do
     [[ "$help" == *"$flag"* ]] || die "mtrl train has no $flag"
@@ -208,6 +209,8 @@ if [[ "$DRY" == 1 ]]; then
   for b in ${BATCHES//,/ }; do
     json step="mtrl-decode-$b" plan="${BENCH_DECODE[*]} $b --phases $([[ $b == "${BATCHES%%,*}" ]] && echo prefill,decode || echo decode)"
   done
+  json step=mtrl-engine plan="${BENCH_ENGINE[*]}"
+  json step=mtrl-engine-gathered plan="${BENCH_ENGINE[*]} --attention gathered"
   json step=torch-gen plan="${TORCH_GEN[*]}"
   json step=torch-train plan="${TORCH_TRAIN_AMP[*]}"
   json step=torch-train-bf16 plan="${TORCH_TRAIN_BF16[*]}"
