@@ -59,6 +59,22 @@ pub(crate) fn cuda_view<'a, T: candle_core::cuda_backend::CudaDType>(
     Ok(s.as_cuda_slice::<T>()?.slice(o..o + n))
 }
 
+/// The bf16 view of a custom op's operand under its (contiguous) layout, for FlashAttention-2's
+/// calls; any other dtype is an error naming the op `what`.
+#[cfg(feature = "flash-attn")]
+pub(crate) fn bf16_operand<'a>(
+    (s, l): (&'a candle_core::CudaStorage, &candle_core::Layout),
+    n: usize,
+    what: &str,
+) -> candle_core::Result<candle_core::cuda_backend::cudarc::driver::CudaView<'a, half::bf16>> {
+    use candle_core::backend::BackendStorage;
+    if s.dtype() != candle_core::DType::BF16 {
+        candle_core::bail!("{what}: the kernel takes bf16, got {:?}", s.dtype())
+    }
+    let o = l.start_offset();
+    Ok(s.as_cuda_slice::<half::bf16>()?.slice(o..o + n))
+}
+
 /// Opens CUDA device `ordinal` with its own stream and applies the settings of the module header.
 #[cfg(feature = "cuda")]
 pub(crate) fn open_cuda(ordinal: usize) -> Result<Device> {

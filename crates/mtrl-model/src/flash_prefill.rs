@@ -39,12 +39,8 @@ impl PrefixRows {
     /// Rows of `(queries, keys)`, offsets uploaded to `dev`.
     pub fn new(rows: &[(usize, usize)], dev: &Device) -> Result<Self> {
         let (q, k) = offsets(rows);
-        Self::with_device(
-            q.clone(),
-            k.clone(),
-            Self::upload(&q, dev)?,
-            Self::upload(&k, dev)?,
-        )
+        let (cu_q, cu_k) = (Self::upload(&q, dev)?, Self::upload(&k, dev)?);
+        Ok(Self::with_device(q, k, cu_q, cu_k))
     }
 
     fn upload(o: &[usize], dev: &Device) -> Result<Tensor> {
@@ -57,13 +53,13 @@ impl PrefixRows {
         k_offsets: Vec<usize>,
         cu_q: Tensor,
         cu_k: Tensor,
-    ) -> Result<Self> {
-        Ok(PrefixRows {
+    ) -> Self {
+        PrefixRows {
             q_offsets,
             k_offsets,
             cu_q,
             cu_k,
-        })
+        }
     }
 
     fn lens(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
@@ -148,7 +144,8 @@ impl FlashPrefill {
     }
 }
 
-/// The CPU twin: per (query, head), an online softmax over the query's keys in order, in f32.
+/// The CPU twin: per (query, head), an online softmax over the query's keys in order, in f32
+/// (`crate::paged_attention::twin_row`).
 fn twin<T: WithDType>(
     q: &[T],
     k: &[T],
@@ -166,30 +163,14 @@ fn twin<T: WithDType>(
             let qi = q0 + i;
             for h in 0..heads {
                 let g = h / rep;
-                for (x, &y) in qs.iter_mut().zip(&q[(qi * heads + h) * d..][..d]) {
-                    *x = y.to_f64() as f32 * scale;
-                }
-                acc.fill(0.0);
-                let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
-                for p in 0..lk - lq + i + 1 {
-                    let r = (k0 + p) * kv + g;
-                    let s: f32 = qs
-                        .iter()
-                        .zip(&k[r * d..][..d])
-                        .map(|(a, b)| a * b.to_f64() as f32)
-                        .sum();
-                    let m2 = m.max(s);
-                    let (a, e) = ((m - m2).exp(), (s - m2).exp());
-                    for (x, vv) in acc.iter_mut().zip(&v[r * d..][..d]) {
-                        *x = *x * a + e * vv.to_f64() as f32;
-                    }
-                    l = l * a + e;
-                    m = m2;
-                }
-                let o = &mut out[(qi * heads + h) * d..][..d];
-                for (y, x) in o.iter_mut().zip(&acc) {
-                    *y = T::from_f64((x / l) as f64);
-                }
+                crate::paged_attention::twin_row(
+                    &q[(qi * heads + h) * d..][..d],
+                    scale,
+                    (k, v),
+                    (0..lk - lq + i + 1).map(|p| (k0 + p) * kv + g),
+                    &mut out[(qi * heads + h) * d..][..d],
+                    (&mut qs, &mut acc),
+                );
             }
         }
     }

@@ -13,8 +13,6 @@
 //! `p = exp(s − lse)` and `D = Σ dout·out`: `dv = Σ p·dout`, `ds = p·(dout·v − D)`,
 //! `dq = scale·Σ ds·k`, `dk = scale·Σ ds·q` (each KV head summing its query heads).
 
-use std::sync::Mutex;
-
 use candle_core::backend::BackendStorage;
 
 use crate::cpu::slice_of;
@@ -85,7 +83,7 @@ pub(crate) struct FlashVarlen {
     pub cu_seqlens: Tensor,
     pub scale: f64,
     /// The forward's `lse` `[heads, T]` f32, taken by the backward.
-    lse: Mutex<Option<Tensor>>,
+    lse: crate::stash::Stash,
 }
 
 /// The backward's op: `q.apply_op3_no_bwd(k, v, ..)` → `[dq | dk per query head | dv per query
@@ -113,7 +111,7 @@ pub(crate) fn attend(
         offsets: offsets.to_vec(),
         cu_seqlens: cu_seqlens.clone(),
         scale: 1.0 / (d as f64).sqrt(),
-        lse: Mutex::new(None),
+        lse: crate::stash::Stash::new("fused attention", "lse"),
     };
     q.contiguous()?
         .apply_op3(&k.contiguous()?, &v.contiguous()?, op)
@@ -138,16 +136,6 @@ impl FlashVarlen {
         }
         Ok((t, heads, kv, d))
     }
-
-    fn keep_lse(&self, lse: Tensor) -> Result<()> {
-        match self.lse.lock() {
-            Ok(mut g) => {
-                *g = Some(lse);
-                Ok(())
-            }
-            Err(_) => candle_core::bail!("fused attention: lse lock poisoned"),
-        }
-    }
 }
 
 impl CustomOp3 for FlashVarlen {
@@ -166,27 +154,19 @@ impl CustomOp3 for FlashVarlen {
     ) -> Result<(CpuStorage, Shape)> {
         let (t, heads, kv, d) = self.dims(l1, l2, l3)?;
         let dims = (t, heads, kv, d);
-        macro_rules! run {
-            ($ty:ty) => {{
-                let (out, lse) = twin::forward::<$ty>(
-                    slice_of(s1, l1)?,
-                    slice_of(s2, l2)?,
-                    slice_of(s3, l3)?,
-                    &self.offsets,
-                    dims,
-                    self.scale,
-                );
-                self.keep_lse(Tensor::from_vec(lse, (heads, t), &Device::Cpu)?)?;
-                <$ty as candle_core::WithDType>::to_cpu_storage_owned(out)
-            }};
-        }
-        let out = match s1.dtype() {
-            DType::F32 => run!(f32),
-            DType::F64 => run!(f64),
-            DType::BF16 => run!(half::bf16),
-            DType::F16 => run!(half::f16),
-            other => candle_core::bail!("fused attention: no twin for {other:?}"),
-        };
+        let out = crate::cpu::by_dtype!(s1.dtype(), "fused attention", |T| {
+            let (out, lse) = twin::forward::<T>(
+                slice_of(s1, l1)?,
+                slice_of(s2, l2)?,
+                slice_of(s3, l3)?,
+                &self.offsets,
+                dims,
+                self.scale,
+            );
+            self.lse
+                .keep(Tensor::from_vec(lse, (heads, t), &Device::Cpu)?)?;
+            <T as candle_core::WithDType>::to_cpu_storage_owned(out)
+        });
         Ok((out, Shape::from((t, heads, d))))
     }
 
@@ -209,7 +189,7 @@ impl CustomOp3 for FlashVarlen {
             candle_core::op::BackpropOp::none(),
             false,
         );
-        self.keep_lse(lse)?;
+        self.lse.keep(lse)?;
         Ok((out, Shape::from((t, heads, d))))
     }
 
@@ -221,13 +201,7 @@ impl CustomOp3 for FlashVarlen {
         res: &Tensor,
         grad_res: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let lse = match self.lse.lock() {
-            Ok(mut g) => g.take(),
-            Err(_) => candle_core::bail!("fused attention: lse lock poisoned"),
-        };
-        let Some(lse) = lse else {
-            candle_core::bail!("fused attention: backward without a forward (or twice)")
-        };
+        let lse = self.lse.take()?;
         let (t, heads, d) = q.dims3()?;
         let kv = k.dim(1)?;
         let op = FlashVarlenBwd {
@@ -272,30 +246,21 @@ impl CustomOp3 for FlashVarlenBwd<'_> {
         let (Storage::Cpu(os), Storage::Cpu(gs)) = (&*os, &*gs) else {
             candle_core::bail!("fused attention: out and dout must be on the CPU")
         };
-        macro_rules! run {
-            ($ty:ty) => {
-                <$ty as candle_core::WithDType>::to_cpu_storage_owned(twin::backward::<$ty>(
-                    twin::Operands {
-                        q: slice_of(s1, l1)?,
-                        k: slice_of(s2, l2)?,
-                        v: slice_of(s3, l3)?,
-                        out: slice_of(os, ol)?,
-                        dout: slice_of(gs, gl)?,
-                        lse: &lse,
-                    },
-                    &self.fwd.offsets,
-                    (t, heads, kv, d),
-                    self.fwd.scale,
-                ))
-            };
-        }
-        let all = match s1.dtype() {
-            DType::F32 => run!(f32),
-            DType::F64 => run!(f64),
-            DType::BF16 => run!(half::bf16),
-            DType::F16 => run!(half::f16),
-            other => candle_core::bail!("fused attention: no twin for {other:?}"),
-        };
+        let all = crate::cpu::by_dtype!(s1.dtype(), "fused attention", |T| {
+            <T as candle_core::WithDType>::to_cpu_storage_owned(twin::backward::<T>(
+                twin::Operands {
+                    q: slice_of(s1, l1)?,
+                    k: slice_of(s2, l2)?,
+                    v: slice_of(s3, l3)?,
+                    out: slice_of(os, ol)?,
+                    dout: slice_of(gs, gl)?,
+                    lse: &lse,
+                },
+                &self.fwd.offsets,
+                (t, heads, kv, d),
+                self.fwd.scale,
+            ))
+        });
         Ok((all, Shape::from(3 * t * heads * d)))
     }
 
@@ -366,9 +331,7 @@ pub fn check_against_twin(dev: &Device) -> crate::Result<(f32, f32)> {
         };
         let (got, want) = (run(dev)?, run(&Device::Cpu)?);
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-            let (a, b) = (a.to_dtype(DType::F32)?, b.to_dtype(DType::F32)?);
-            let scale = b.abs()?.max_all()?.to_scalar::<f32>()?.max(1e-12);
-            let gap = (a - b)?.abs()?.max_all()?.to_scalar::<f32>()? / scale;
+            let gap = crate::cpu::max_rel_gap(a, b)?;
             if i == 0 {
                 worst_out = worst_out.max(gap);
             } else {

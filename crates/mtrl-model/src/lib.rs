@@ -48,6 +48,7 @@ pub mod paged_attention;
 pub mod policy;
 pub mod rms_norm;
 pub mod sampler;
+mod stash;
 pub mod swiglu;
 pub mod tokenizer;
 pub mod tokenizer_train;

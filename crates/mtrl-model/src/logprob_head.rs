@@ -231,11 +231,7 @@ pub fn check_against_twin(dev: &candle_core::Device, dtype: DType) -> crate::Res
         Ok((o.to_device(&cpu)?, dz.to_device(&cpu)?))
     };
     let ((o1, d1), (o2, d2)) = (run(dev)?, run(&cpu)?);
-    let rel = |a: &Tensor, b: &Tensor| -> Result<f32> {
-        let (a, b) = (a.to_dtype(DType::F32)?, b.to_dtype(DType::F32)?);
-        let scale = b.abs()?.max_all()?.to_scalar::<f32>()?.max(1e-12);
-        Ok((a - b)?.abs()?.max_all()?.to_scalar::<f32>()? / scale)
-    };
+    let rel = crate::cpu::max_rel_gap;
     Ok((rel(&o1, &o2)?, rel(&d1, &d2)?))
 }
 

@@ -150,38 +150,60 @@ fn twin<T: WithDType>(
             )
         }
         let slots = &table[seg * s_max..][..len];
+        // `row_of` grows with the head: the last KV head's rows are the furthest.
+        if let Some(slot) = slots.iter().find(|&&s| row_of(s, kv - 1, kv) >= rows) {
+            candle_core::bail!("paged attention: slot {slot} is outside the pool")
+        }
         for h in 0..heads {
             let g = h / rep;
-            for (x, &y) in qs.iter_mut().zip(&q[(i * heads + h) * d..][..d]) {
-                *x = y.to_f64() as f32 * scale;
-            }
-            acc.fill(0.0);
-            let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
-            for &slot in slots {
-                let r = row_of(slot, g, kv);
-                if r >= rows {
-                    candle_core::bail!("paged attention: slot {slot} is outside the pool")
-                }
-                let s: f32 = qs
-                    .iter()
-                    .zip(&k[r * d..][..d])
-                    .map(|(a, b)| a * b.to_f64() as f32)
-                    .sum();
-                let m2 = m.max(s);
-                let (a, e) = ((m - m2).exp(), (s - m2).exp());
-                for (x, vv) in acc.iter_mut().zip(&v[r * d..][..d]) {
-                    *x = *x * a + e * vv.to_f64() as f32;
-                }
-                l = l * a + e;
-                m = m2;
-            }
-            let o = &mut out[(i * heads + h) * d..][..d];
-            for (y, x) in o.iter_mut().zip(&acc) {
-                *y = T::from_f64(if l > 0.0 { (x / l) as f64 } else { 0.0 });
-            }
+            twin_row(
+                &q[(i * heads + h) * d..][..d],
+                scale,
+                (k, v),
+                slots.iter().map(|&slot| row_of(slot, g, kv)),
+                &mut out[(i * heads + h) * d..][..d],
+                (&mut qs, &mut acc),
+            );
         }
     }
     Ok(out)
+}
+
+/// One query `q` (`d` wide, scaled by `scale`) attending over the key/value rows `rows` of `k`
+/// and `v` (each `d` wide), in order, by an online softmax in f32; writes `out` (`d`; zeros when
+/// there is no row). The arithmetic of the paged kernel's CPU twin and of FlashAttention-2
+/// prefill's (`crate::flash_prefill`); `qs`, `acc` are scratch of `d`.
+pub(crate) fn twin_row<T: WithDType>(
+    q: &[T],
+    scale: f32,
+    (k, v): (&[T], &[T]),
+    rows: impl IntoIterator<Item = usize>,
+    out: &mut [T],
+    (qs, acc): (&mut [f32], &mut [f32]),
+) {
+    let d = q.len();
+    for (x, &y) in qs.iter_mut().zip(q) {
+        *x = y.to_f64() as f32 * scale;
+    }
+    acc.fill(0.0);
+    let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
+    for r in rows {
+        let s: f32 = qs
+            .iter()
+            .zip(&k[r * d..][..d])
+            .map(|(a, b)| a * b.to_f64() as f32)
+            .sum();
+        let m2 = m.max(s);
+        let (a, e) = ((m - m2).exp(), (s - m2).exp());
+        for (x, vv) in acc.iter_mut().zip(&v[r * d..][..d]) {
+            *x = *x * a + e * vv.to_f64() as f32;
+        }
+        l = l * a + e;
+        m = m2;
+    }
+    for (y, x) in out.iter_mut().zip(acc.iter()) {
+        *y = T::from_f64(if l > 0.0 { (x / l) as f64 } else { 0.0 });
+    }
 }
 
 impl CustomOp3 for PagedAttention {

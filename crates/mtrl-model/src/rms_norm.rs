@@ -12,8 +12,6 @@
 //! before the weight. Backward, with `dn = dy · w`: `dx = rstd · (dn − x · rstd · Σ(dn · x ·
 //! rstd)/d)`, `dw = Σ_rows dy · T(x · rstd)` (f32 sums, then the weight's dtype).
 
-use std::sync::Mutex;
-
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
 
@@ -21,34 +19,7 @@ use crate::cpu::slice_of;
 
 /// Where the kernels serve: CUDA, bf16/f16/f32.
 pub(crate) fn serves(dev: &Device, dtype: DType) -> bool {
-    (dev.is_cuda() && matches!(dtype, DType::BF16 | DType::F16 | DType::F32))
-        || (dev.is_cpu() && twin_forced())
-}
-
-#[cfg(test)]
-thread_local! {
-    static FORCE_TWIN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Tests: the candle backend's training view takes this op on the CPU too (through the twin)
-/// while the returned guard lives on this thread.
-#[cfg(test)]
-pub(crate) fn force_twin() -> impl Drop {
-    struct Guard;
-    impl Drop for Guard {
-        fn drop(&mut self) {
-            FORCE_TWIN.with(|f| f.set(false));
-        }
-    }
-    FORCE_TWIN.with(|f| f.set(true));
-    Guard
-}
-
-fn twin_forced() -> bool {
-    #[cfg(test)]
-    return FORCE_TWIN.with(|f| f.get());
-    #[cfg(not(test))]
-    false
+    dev.is_cuda() && matches!(dtype, DType::BF16 | DType::F16 | DType::F32)
 }
 
 /// `y` (see the module docs) with a backward; `x` `[.., d]`, `w` `[d]` in `x`'s dtype.
@@ -66,7 +37,7 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     let n = x.elem_count() / d.max(1);
     let op = RmsNorm {
         eps: eps as f32,
-        rstd: Mutex::new(None),
+        rstd: crate::stash::Stash::new("rms norm", "rstd"),
     };
     x.contiguous()?
         .reshape((n, d))?
@@ -78,7 +49,7 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
 struct RmsNorm {
     eps: f32,
     /// The forward's `rstd` `[n]` f32, taken by the backward.
-    rstd: Mutex<Option<Tensor>>,
+    rstd: crate::stash::Stash,
 }
 
 /// The backward's `dx`: `x.apply_op3_no_bwd(w, dy, ..)` → `[n, d]` in the dtype.
@@ -181,31 +152,6 @@ mod twin {
     }
 }
 
-/// Runs `$body` with `$ty` bound to the element type of CPU storage `$s` (f32, f64, bf16, f16).
-macro_rules! by_dtype {
-    ($s:expr, $what:literal, |$ty:ident| $body:expr) => {
-        match $s.dtype() {
-            DType::F32 => {
-                type $ty = f32;
-                $body
-            }
-            DType::F64 => {
-                type $ty = f64;
-                $body
-            }
-            DType::BF16 => {
-                type $ty = half::bf16;
-                $body
-            }
-            DType::F16 => {
-                type $ty = half::f16;
-                $body
-            }
-            other => candle_core::bail!("{}: no twin for {other:?}", $what),
-        }
-    };
-}
-
 impl CustomOp2 for RmsNorm {
     fn name(&self) -> &'static str {
         "rms-norm"
@@ -219,7 +165,7 @@ impl CustomOp2 for RmsNorm {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (n, d) = dims(l1, l2, true)?;
-        let y = by_dtype!(s1, "rms norm", |T| {
+        let y = crate::cpu::by_dtype!(s1.dtype(), "rms norm", |T| {
             let (y, rstd) = twin::forward::<T>(slice_of(s1, l1)?, slice_of(s2, l2)?, d, self.eps);
             let rstd = Tensor::from_vec(rstd, n, &Device::Cpu)?;
             // f32 as the kernel keeps it, unless the model is f64.
@@ -227,7 +173,7 @@ impl CustomOp2 for RmsNorm {
                 DType::F64 => DType::F64,
                 _ => DType::F32,
             };
-            self.keep(rstd.to_dtype(keep)?)?;
+            self.rstd.keep(rstd.to_dtype(keep)?)?;
             <T as candle_core::WithDType>::to_cpu_storage_owned(y)
         });
         Ok((y, Shape::from((n, d))))
@@ -243,7 +189,7 @@ impl CustomOp2 for RmsNorm {
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let (n, d) = dims(l1, l2, true)?;
         let (y, rstd) = cuda::forward((s1, l1), (s2, l2), (n, d), self.eps)?;
-        self.keep(rstd)?;
+        self.rstd.keep(rstd)?;
         Ok((y, Shape::from((n, d))))
     }
 
@@ -254,13 +200,7 @@ impl CustomOp2 for RmsNorm {
         _: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let rstd = match self.rstd.lock() {
-            Ok(mut g) => g.take(),
-            Err(_) => candle_core::bail!("rms norm: rstd lock poisoned"),
-        };
-        let Some(rstd) = rstd else {
-            candle_core::bail!("rms norm: backward without a forward (or twice)")
-        };
+        let rstd = self.rstd.take()?;
         let dy = dy.contiguous()?;
         let dx = x.apply_op3_no_bwd(w, &dy, &RmsNormDx { rstd: rstd.clone() })?;
         let dw = x
@@ -268,18 +208,6 @@ impl CustomOp2 for RmsNorm {
             .sum(0)?
             .to_dtype(w.dtype())?;
         Ok((Some(dx), Some(dw)))
-    }
-}
-
-impl RmsNorm {
-    fn keep(&self, rstd: Tensor) -> Result<()> {
-        match self.rstd.lock() {
-            Ok(mut g) => {
-                *g = Some(rstd);
-                Ok(())
-            }
-            Err(_) => candle_core::bail!("rms norm: rstd lock poisoned"),
-        }
     }
 }
 
@@ -300,7 +228,7 @@ impl CustomOp3 for RmsNormDx {
         let (n, d) = dims(l1, l2, true)?;
         dims(l1, l3, false)?;
         let rstd = crate::cpu::twin_vec::<f64>(&self.rstd.to_dtype(DType::F64)?)?;
-        let dx = by_dtype!(s1, "rms norm", |T| {
+        let dx = crate::cpu::by_dtype!(s1.dtype(), "rms norm", |T| {
             let dx = twin::dx::<T>(
                 slice_of(s1, l1)?,
                 slice_of(s2, l2)?,
@@ -345,7 +273,7 @@ impl CustomOp2 for RmsNormDw {
         let (n, d) = dims(l1, l2, false)?;
         let groups = dw_groups(n, d)?;
         let rstd = crate::cpu::twin_vec::<f64>(&self.rstd.to_dtype(DType::F64)?)?;
-        let partial = by_dtype!(s1, "rms norm", |T| twin::dw::<T>(
+        let partial = crate::cpu::by_dtype!(s1.dtype(), "rms norm", |T| twin::dw::<T>(
             slice_of(s1, l1)?,
             slice_of(s2, l2)?,
             &rstd,
@@ -404,11 +332,7 @@ pub fn check_against_twin(dev: &Device, dtype: DType) -> crate::Result<(f32, f32
             Ok((y.to_device(&cpu)?, grad(&x)?, grad(&w)?))
         };
         let ((y1, dx1, dw1), (y2, dx2, dw2)) = (run(dev)?, run(&cpu)?);
-        let rel = |a: &Tensor, b: &Tensor| -> Result<f32> {
-            let (a, b) = (a.to_dtype(DType::F32)?, b.to_dtype(DType::F32)?);
-            let scale = b.abs()?.max_all()?.to_scalar::<f32>()?.max(1e-12);
-            Ok((a - b)?.abs()?.max_all()?.to_scalar::<f32>()? / scale)
-        };
+        let rel = crate::cpu::max_rel_gap;
         wy = wy.max(rel(&y1, &y2)?);
         wg = wg.max(rel(&dx1, &dx2)?).max(rel(&dw1, &dw2)?);
     }

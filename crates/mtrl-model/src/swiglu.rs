@@ -12,34 +12,7 @@ use crate::cpu::slice_of;
 
 /// Where the kernels serve: CUDA, bf16/f16/f32.
 pub(crate) fn serves(dev: &Device, dtype: DType) -> bool {
-    (dev.is_cuda() && matches!(dtype, DType::BF16 | DType::F16 | DType::F32))
-        || (dev.is_cpu() && twin_forced())
-}
-
-#[cfg(test)]
-thread_local! {
-    static FORCE_TWIN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Tests: the candle backend takes this op on the CPU too (through the twin) while the returned
-/// guard lives on this thread.
-#[cfg(test)]
-pub(crate) fn force_twin() -> impl Drop {
-    struct Guard;
-    impl Drop for Guard {
-        fn drop(&mut self) {
-            FORCE_TWIN.with(|f| f.set(false));
-        }
-    }
-    FORCE_TWIN.with(|f| f.set(true));
-    Guard
-}
-
-fn twin_forced() -> bool {
-    #[cfg(test)]
-    return FORCE_TWIN.with(|f| f.get());
-    #[cfg(not(test))]
-    false
+    dev.is_cuda() && matches!(dtype, DType::BF16 | DType::F16 | DType::F32)
 }
 
 /// `silu(g) · u` with a backward; `g`, `u` of one shape and dtype.
@@ -110,31 +83,6 @@ mod twin {
     }
 }
 
-/// Runs `$body` with `$ty` bound to the element type of CPU storage `$s` (f32, f64, bf16, f16).
-macro_rules! by_dtype {
-    ($s:expr, |$ty:ident| $body:expr) => {
-        match $s.dtype() {
-            DType::F32 => {
-                type $ty = f32;
-                $body
-            }
-            DType::F64 => {
-                type $ty = f64;
-                $body
-            }
-            DType::BF16 => {
-                type $ty = half::bf16;
-                $body
-            }
-            DType::F16 => {
-                type $ty = half::f16;
-                $body
-            }
-            other => candle_core::bail!("swiglu: no twin for {other:?}"),
-        }
-    };
-}
-
 impl CustomOp2 for Swiglu {
     fn name(&self) -> &'static str {
         "swiglu"
@@ -148,9 +96,12 @@ impl CustomOp2 for Swiglu {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let n = len(&[l1, l2])?;
-        let y = by_dtype!(s1, |T| <T as candle_core::WithDType>::to_cpu_storage_owned(
-            twin::forward::<T>(slice_of(s1, l1)?, slice_of(s2, l2)?)
-        ));
+        let y = crate::cpu::by_dtype!(s1.dtype(), "swiglu", |T| {
+            <T as candle_core::WithDType>::to_cpu_storage_owned(twin::forward::<T>(
+                slice_of(s1, l1)?,
+                slice_of(s2, l2)?,
+            ))
+        });
         Ok((y, Shape::from(n)))
     }
 
@@ -195,9 +146,13 @@ impl CustomOp3 for SwigluBwd {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let n = len(&[l1, l2, l3])?;
-        let out = by_dtype!(s1, |T| <T as candle_core::WithDType>::to_cpu_storage_owned(
-            twin::backward::<T>(slice_of(s1, l1)?, slice_of(s2, l2)?, slice_of(s3, l3)?)
-        ));
+        let out = crate::cpu::by_dtype!(s1.dtype(), "swiglu", |T| {
+            <T as candle_core::WithDType>::to_cpu_storage_owned(twin::backward::<T>(
+                slice_of(s1, l1)?,
+                slice_of(s2, l2)?,
+                slice_of(s3, l3)?,
+            ))
+        });
         Ok((out, Shape::from(2 * n)))
     }
 
@@ -245,11 +200,7 @@ pub fn check_against_twin(dev: &Device, dtype: DType) -> crate::Result<(f32, f32
         Ok((y.to_device(&cpu)?, grad(&g)?, grad(&u)?))
     };
     let ((y1, dg1, du1), (y2, dg2, du2)) = (run(dev)?, run(&cpu)?);
-    let rel = |a: &Tensor, b: &Tensor| -> Result<f32> {
-        let (a, b) = (a.to_dtype(DType::F32)?, b.to_dtype(DType::F32)?);
-        let scale = b.abs()?.max_all()?.to_scalar::<f32>()?.max(1e-12);
-        Ok((a - b)?.abs()?.max_all()?.to_scalar::<f32>()? / scale)
-    };
+    let rel = crate::cpu::max_rel_gap;
     Ok((rel(&y1, &y2)?, rel(&dg1, &dg2)?.max(rel(&du1, &du2)?)))
 }
 

@@ -63,7 +63,7 @@ mod vexp;
 pub(crate) use backend::CpuF32;
 pub(crate) use gemm::uninit;
 pub(crate) use pool::{for_rows, par_rows};
-pub(crate) use storage::{slice_of, twin_vec};
+pub(crate) use storage::{by_dtype, max_rel_gap, slice_of, twin_vec};
 
 /// Whether the kernels of this module serve tensors on `dev` in `dtype`: the CPU, in f32.
 pub(crate) fn handles(dev: &Device, dtype: DType) -> bool {

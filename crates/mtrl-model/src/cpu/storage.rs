@@ -19,12 +19,50 @@ pub(crate) fn slice_of<'a, T: WithDType>(s: &'a CpuStorage, l: &Layout) -> Resul
     Ok(&s.as_slice::<T>()?[a..b])
 }
 
+/// Runs `$body` with `$ty` bound to the element type of float dtype `$dtype` (f32, f64, bf16,
+/// f16): the CPU twins' dispatch. Any other dtype is an error naming the op `$what`.
+macro_rules! by_dtype {
+    ($dtype:expr, $what:expr, |$ty:ident| $body:expr) => {
+        match $dtype {
+            candle_core::DType::F32 => {
+                type $ty = f32;
+                $body
+            }
+            candle_core::DType::F64 => {
+                type $ty = f64;
+                $body
+            }
+            candle_core::DType::BF16 => {
+                type $ty = half::bf16;
+                $body
+            }
+            candle_core::DType::F16 => {
+                type $ty = half::f16;
+                $body
+            }
+            other => candle_core::bail!("{}: no twin for {other:?}", $what),
+        }
+    };
+}
+pub(crate) use by_dtype;
+
 /// The elements of an operand a CPU twin reads beside its storages (an index, the targets), as a
 /// host vector. Not a counted device read (`crate::host`): the twins run on the CPU.
 pub(crate) fn twin_vec<T: WithDType>(t: &Tensor) -> Result<Vec<T>> {
     t.to_device(&candle_core::Device::Cpu)?
         .flatten_all()?
         .to_vec1::<T>()
+}
+
+/// `max |a − b| / max |b|` (the denominator at least 1e-12), in f32: how far a kernel's result
+/// `a` is from its twin's `b`, relative to the largest entry (the selftest's kernel checks).
+pub(crate) fn max_rel_gap(a: &Tensor, b: &Tensor) -> Result<f32> {
+    let (a, b) = (
+        a.to_dtype(candle_core::DType::F32)?,
+        b.to_dtype(candle_core::DType::F32)?,
+    );
+    let scale = b.abs()?.max_all()?.to_scalar::<f32>()?.max(1e-12);
+    Ok((a - b)?.abs()?.max_all()?.to_scalar::<f32>()? / scale)
 }
 
 /// The f32 buffer of a storage (from its start; callers add their layout's offset).

@@ -34,31 +34,18 @@ pub(super) fn forward(
 
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DevicePtrMut};
-    use candle_core::DType;
     use half::bf16;
     use mtrl_kernels::flash as ffi;
 
-    use crate::device::cuda_view;
+    use crate::device::{bf16_operand, cuda_view};
+    const WHAT: &str = "prefill attention";
 
-    fn view<'a>(
-        (s, l): Operand<'a>,
-        n: usize,
-    ) -> Result<candle_core::cuda_backend::cudarc::driver::CudaView<'a, bf16>> {
-        if s.dtype() != DType::BF16 {
-            candle_core::bail!(
-                "prefill attention: the kernel takes bf16, got {:?}",
-                s.dtype()
-            )
-        }
-        let o = l.start_offset();
-        Ok(s.as_cuda_slice::<bf16>()?.slice(o..o + n))
-    }
     let dev = q.0.device().clone();
     let stream = dev.cuda_stream();
     let (qv, kv_, vv) = (
-        view(q, tq * heads * d)?,
-        view(k, tk * kv * d)?,
-        view(v, tk * kv * d)?,
+        bf16_operand(q, tq * heads * d, WHAT)?,
+        bf16_operand(k, tk * kv * d, WHAT)?,
+        bf16_operand(v, tk * kv * d, WHAT)?,
     );
     let n = rows.q_offsets.len();
     let (qs, ql) = rows.cu_q.storage_and_layout();

@@ -46,7 +46,7 @@ mod kernel {
 
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut};
-    use candle_core::{CudaStorage, DType, Result, Tensor};
+    use candle_core::{CudaStorage, Result, Tensor};
     use half::bf16;
     use mtrl_kernels::flash as ffi;
 
@@ -54,15 +54,8 @@ mod kernel {
     use crate::device::cuda_view;
 
     /// The bf16 view of an operand under its (contiguous) layout.
-    fn view<'a>((s, l): Operand<'a>, n: usize) -> Result<CudaView<'a, bf16>> {
-        if s.dtype() != DType::BF16 {
-            candle_core::bail!(
-                "fused attention: the kernel takes bf16, got {:?}",
-                s.dtype()
-            )
-        }
-        let o = l.start_offset();
-        Ok(s.as_cuda_slice::<bf16>()?.slice(o..o + n))
+    fn view<'a>(op: Operand<'a>, n: usize) -> Result<CudaView<'a, bf16>> {
+        crate::device::bf16_operand(op, n, "fused attention")
     }
 
     fn rows(op: &FlashVarlen) -> (i32, i32) {

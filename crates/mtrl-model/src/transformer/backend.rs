@@ -157,7 +157,9 @@ impl Backend for Candle {
             return candle_nn::ops::rms_norm(&x.contiguous()?, w, eps as f32);
         }
         // Training on a GPU: mtrl's kernels, forward and backward (`crate::rms_norm`).
-        if self.differentiable && crate::rms_norm::serves(x.device(), x.dtype()) {
+        if self.differentiable
+            && (crate::rms_norm::serves(x.device(), x.dtype()) || fused_twins_forced())
+        {
             return crate::rms_norm::rms_norm(x, w, eps);
         }
         let dtype = x.dtype();
@@ -205,7 +207,7 @@ impl Backend for Candle {
     fn swiglu(&self, g: &Tensor, u: &Tensor) -> Result<Tensor> {
         host::nonempty(g, "swiglu");
         // On a GPU one kernel per pass, forward and backward (`crate::swiglu`).
-        if crate::swiglu::serves(g.device(), g.dtype()) {
+        if crate::swiglu::serves(g.device(), g.dtype()) || fused_twins_forced() {
             return crate::swiglu::swiglu(g, u);
         }
         g.silu()? * u
@@ -292,6 +294,32 @@ pub(crate) fn with_bias(y: Tensor, l: &Linear, mut dims: Vec<usize>) -> Result<T
     let last = dims.len() - 1;
     dims[last] = l.w.dim(0)?;
     y.reshape(dims)
+}
+
+#[cfg(test)]
+thread_local! {
+    static FUSED_TWINS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Tests: the candle backend routes RMSNorm (training view) and SwiGLU through mtrl's fused ops
+/// on the CPU too (their twins) while the returned guard lives on this thread.
+#[cfg(test)]
+pub(crate) fn force_fused_twins() -> impl Drop {
+    struct Guard;
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            FUSED_TWINS.with(|f| f.set(false));
+        }
+    }
+    FUSED_TWINS.with(|f| f.set(true));
+    Guard
+}
+
+fn fused_twins_forced() -> bool {
+    #[cfg(test)]
+    return FUSED_TWINS.with(|f| f.get());
+    #[cfg(not(test))]
+    false
 }
 
 #[cfg(test)]

@@ -240,7 +240,7 @@ impl StepMeta {
                     Ok::<_, candle_core::Error>(PrefixMeta {
                         key_rows: view(key_rows)?,
                         keys,
-                        rows: PrefixRows::with_device(qo, ko, view(cu_q)?, view(cu_k)?)?,
+                        rows: PrefixRows::with_device(qo, ko, view(cu_q)?, view(cu_k)?),
                     })
                 })
                 .transpose()?,

@@ -71,8 +71,7 @@ fn fused_norm_and_swiglu_give_the_spelled_gradients() {
             p.set_activation_checkpointing(checkpointing);
             let spelled = run(&p);
             let fused = {
-                let _n = crate::rms_norm::force_twin();
-                let _s = crate::swiglu::force_twin();
+                let _twins = super::force_fused_twins();
                 run(&p)
             };
             let what = format!("{dtype:?} checkpointing {checkpointing}");
